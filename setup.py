@@ -1,0 +1,56 @@
+"""verl-replay: replay strategies for GRPO post-training, as an extension of verl 0.9.1."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+VERL_VERSION = "0.9.1"
+# CPU runs use the torch 2.13.0 CPU build; verl 0.9.1's GPU stack is torch 2.11.0 + vllm 0.24.0.
+TORCH_RANGE = "torch>=2.11.0,<2.14"
+TRANSFORMERS_RANGE = "transformers>=5.5.3,<5.11"
+VLLM_VERSION = "0.24.0"
+
+install_requires = [
+    f"verl[verl-core]=={VERL_VERSION}",
+    TORCH_RANGE,
+    TRANSFORMERS_RANGE,
+    "numpy>=1.26",
+    "pandas>=2.0",
+    "pyarrow>=15",
+    "pyyaml>=6.0",
+    "sqlglot>=26,<31",
+    "math-verify>=0.7,<0.10",
+    "tqdm>=4.60",
+    "tokenizers>=0.21",
+    "matplotlib>=3.8",
+]
+
+extras_require = {
+    "gpu": ["torch==2.11.0", f"vllm=={VLLM_VERSION}"],
+    "test": [
+        "pytest>=8",
+        "pytest-timeout>=2.3",
+        "hypothesis>=6.100",
+    ],
+}
+
+setup(
+    name="verl-replay",
+    version="0.1.0",
+    description="Headroom-Drift Replay and EliteReplay for GRPO post-training on verl",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8")
+    if Path(__file__).with_name("README.md").exists()
+    else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10,<3.13",
+    packages=find_packages(include=["verl_replay", "verl_replay.*"]),
+    package_data={"verl_replay": ["config/*.yaml", "sql/*.yaml", "elite/*.yaml"]},
+    include_package_data=True,
+    install_requires=install_requires,
+    extras_require=extras_require,
+    entry_points={
+        # Loaded by `import verl` in every process (driver and Ray workers). The module only
+        # registers verl extensions; it changes nothing unless VERL_PLATFORM=cpu is set.
+        "verl.plugins": ["verl_replay = verl_replay.integrations.verl.plugin"],
+    },
+)
