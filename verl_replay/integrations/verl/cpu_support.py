@@ -1,0 +1,122 @@
+"""Everything verl 0.9.1 needs to run its real GRPO loop on a CPU-only host.
+
+Installed by the plugin in every process when ``VERL_PLATFORM=cpu``. Each step touches one verl
+extension point; the ones that go through a private name are listed in ``PRIVATE_API_PATCHES``
+and each has a test (``tests/integrations/verl/test_cpu_support.py``) that fails with a clear
+message when a verl upgrade moves it. The obstacle numbers refer to ``shared/VERL_NOTES.md``.
+
+1. cpu platform ............. ``platform_cpu`` (public ``PlatformRegistry``)
+4. gloo process groups ...... private: ``engine_workers.initialize_global_process_group_ray``
+                              (verl builds "cpu:gloo,<device>:<backend>", which torch rejects
+                              when the device is cpu)
+5. FSDP engine for cpu ...... ``EngineRegistry.register`` (public decorator)
+8. ``hf`` rollout ............ ``RolloutReplicaRegistry.register`` (public) and the private
+                              ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` for the adapter
+9. no pinned memory ......... private: the FSDP engine module's ``CPUOffloadPolicy`` name
+Obstacles 2, 3, 6 and 7 are configuration, set in ``verl_replay/config/cpu.yaml``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+logger = logging.getLogger(__name__)
+
+HF_ADAPTER_PATH = "verl_replay.integrations.verl.hf_rollout.HFServerAdapter"
+
+# (module, attribute) pairs of verl private names this module rebinds or mutates.
+PRIVATE_API_PATCHES: tuple[tuple[str, str], ...] = (
+    ("verl.workers.rollout.base", "_ROLLOUT_REGISTRY"),
+    ("verl.workers.engine.fsdp.transformer_impl", "CPUOffloadPolicy"),
+    ("verl.workers.engine_workers", "initialize_global_process_group_ray"),
+)
+
+_installed = False
+
+
+class VerlPrivateApiChanged(RuntimeError):
+    """A verl private name this project patches has moved: the pinned verl version changed."""
+
+
+def _require(module: object, attribute: str) -> object:
+    if not hasattr(module, attribute):
+        raise VerlPrivateApiChanged(
+            f"verl_replay's CPU support patches {module.__name__}.{attribute}, which this verl version does not "
+            "have. verl_replay pins verl==0.9.1; install that version or update "
+            "verl_replay/integrations/verl/cpu_support.py."
+        )
+    return getattr(module, attribute)
+
+
+def register_fsdp_engine_for_cpu() -> None:
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp import transformer_impl
+
+    registered = EngineRegistry._engines.get("language_model", {}).get("fsdp2", {})
+    if "cpu" in registered:
+        return
+    for model_type, engine_cls in (
+        ("language_model", transformer_impl.FSDPEngineWithLMHead),
+        ("value_model", transformer_impl.FSDPEngineWithValueHead),
+    ):
+        EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device="cpu")(engine_cls)
+
+
+def disable_pinned_memory_in_fsdp_engine() -> None:
+    """FSDP2's ``CPUOffloadPolicy(pin_memory=True)`` needs a device driver; on CPU nothing to pin."""
+    from verl.workers.engine.fsdp import transformer_impl
+
+    policy_cls = _require(transformer_impl, "CPUOffloadPolicy")
+    if getattr(policy_cls, "_verl_replay_unpinned", False):
+        return
+
+    @functools.wraps(policy_cls)
+    def unpinned_policy(*args, **kwargs):
+        kwargs["pin_memory"] = False
+        return policy_cls(*args, **kwargs)
+
+    unpinned_policy._verl_replay_unpinned = True
+    transformer_impl.CPUOffloadPolicy = unpinned_policy
+
+
+def use_plain_gloo_process_group() -> None:
+    from verl.workers import engine_workers
+
+    init_fn = _require(engine_workers, "initialize_global_process_group_ray")
+    if getattr(init_fn, "_verl_replay_gloo", False):
+        return
+
+    @functools.wraps(init_fn)
+    def init_gloo(timeout_second=None, backend=None):
+        return init_fn(timeout_second=timeout_second, backend=backend or "gloo")
+
+    init_gloo._verl_replay_gloo = True
+    engine_workers.initialize_global_process_group_ray = init_gloo
+
+
+def register_hf_rollout() -> None:
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    def load_replica():
+        from verl_replay.integrations.verl.hf_rollout import HFReplica
+
+        return HFReplica
+
+    RolloutReplicaRegistry.register("hf", load_replica)
+    registry = _require(rollout_base, "_ROLLOUT_REGISTRY")
+    registry[("hf", "async")] = HF_ADAPTER_PATH
+
+
+def install_cpu_support() -> None:
+    """Install the CPU extensions into verl; idempotent."""
+    global _installed
+    if _installed:
+        return
+    register_fsdp_engine_for_cpu()
+    disable_pinned_memory_in_fsdp_engine()
+    use_plain_gloo_process_group()
+    register_hf_rollout()
+    _installed = True
+    logger.info("verl_replay: CPU support installed (platform=cpu, engine=fsdp2, rollout=hf)")

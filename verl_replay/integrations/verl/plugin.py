@@ -1,0 +1,34 @@
+"""verl plugin entry point (entry-point group ``verl.plugins``), loaded by ``import verl``.
+
+It runs in every process that imports verl: the driver, the TaskRunner and every Ray worker.
+On a GPU host it only registers the ``cpu`` platform class, which is never auto-detected, so
+verl behaves exactly as without us. With ``VERL_PLATFORM=cpu`` it also installs the CPU
+extensions (FSDP engine for cpu, ``hf`` rollout, gloo, no pinned memory); see ``cpu_support``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+
+def cpu_mode_requested() -> bool:
+    return os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu"
+
+
+def _load() -> None:
+    from verl_replay.integrations.verl import platform_cpu  # noqa: F401  (registers the platform)
+
+    if cpu_mode_requested():
+        from verl_replay.integrations.verl.cpu_support import install_cpu_support
+
+        install_cpu_support()
+
+
+try:
+    _load()
+except Exception:  # verl swallows plugin errors at debug level; make ours visible
+    logger.exception("verl_replay: failed to install the verl plugin")
+    raise
