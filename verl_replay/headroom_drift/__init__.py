@@ -1,0 +1,50 @@
+"""Headroom-Drift Replay, pure core (torch/numpy/stdlib only; SPEC section 1).
+
+* :mod:`~verl_replay.headroom_drift.scores`: Headroom, Policy Drift, replay KL (padded and ragged).
+* :mod:`~verl_replay.headroom_drift.buffer`: ``ReplayGroup``, ``HeadroomDriftBuffer``,
+  ``NaiveReplayBuffer``, ``SelectionResult``.
+* :mod:`~verl_replay.headroom_drift.events`: JSONL event log (no torch import).
+
+Names are resolved lazily so that importing the event log (e.g. from the plotting script)
+does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "headroom": "scores",
+    "policy_drift": "scores",
+    "replay_kl": "scores",
+    "headroom_flat": "scores",
+    "policy_drift_flat": "scores",
+    "replay_kl_flat": "scores",
+    "headroom_segments": "scores",
+    "policy_drift_segments": "scores",
+    "replay_kl_segments": "scores",
+    "group_scores_flat": "scores",
+    "ReplayGroup": "buffer",
+    "HeadroomDriftBuffer": "buffer",
+    "NaiveReplayBuffer": "buffer",
+    "SelectionResult": "buffer",
+    "ScanRecord": "buffer",
+    "ReplayEventLog": "events",
+    "read_events": "events",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'verl_replay.headroom_drift' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,44 @@
+"""SQL descriptors for EliteReplay: strategy skeleton, structural descriptor, approach labelers,
+approach vocabularies (SPEC 2.2). Names are resolved lazily so that importing a light module
+(e.g. ``verl_replay.sql.vocabulary``) does not import sqlglot.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "SQLParseError": "verl_replay.sql.skeleton",
+    "parse_query": "verl_replay.sql.skeleton",
+    "sql_skeleton": "verl_replay.sql.skeleton",
+    "StructuralDescriptor": "verl_replay.sql.descriptor",
+    "describe_sql": "verl_replay.sql.descriptor",
+    "structural_descriptor": "verl_replay.sql.descriptor",
+    "Labeler": "verl_replay.sql.labeler",
+    "LLMLabeler": "verl_replay.sql.labeler",
+    "RuleBasedLabeler": "verl_replay.sql.labeler",
+    "SQL_RULE_PRECEDENCE": "verl_replay.sql.labeler",
+    "Approach": "verl_replay.sql.vocabulary",
+    "Vocabulary": "verl_replay.sql.vocabulary",
+    "VocabularyError": "verl_replay.sql.vocabulary",
+    "UnreviewedVocabularyWarning": "verl_replay.sql.vocabulary",
+    "load_vocabulary": "verl_replay.sql.vocabulary",
+    "save_vocabulary": "verl_replay.sql.vocabulary",
+    "induce_vocabulary": "verl_replay.sql.vocabulary",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'verl_replay.sql' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,162 @@
+"""The ``replay:`` section of the training config: one typed dataclass, validated once.
+
+Every replay setting a run can take is declared here. :func:`ReplayConfig.from_mapping` turns the
+Hydra/OmegaConf ``replay`` node (or any mapping) into a :class:`ReplayConfig` and raises
+:class:`ReplayConfigError` naming the offending key (``replay.tau``) and what to change. The
+trainer calls it once at start-up, in the driver, before any Ray worker starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+STRATEGIES = ("none", "headroom_drift", "naive", "elite", "elite_iid", "headroom_drift+elite")
+WEIGHTINGS = ("sign", "advantage")
+DRIFT_NORMS = ("l2", "l1")
+INGRESS_CRITERIA = ("answer_disagree", "nonzero_advantage")
+
+
+class ReplayConfigError(ValueError):
+    """An invalid ``replay.*`` setting; the message names the key and the accepted values."""
+
+
+@dataclass(frozen=True)
+class EliteConfig:
+    """EliteReplay settings (``replay.elite.*``)."""
+
+    archive: Optional[str] = None
+    mu: float = 0.05
+    batch_size: int = 8
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Replay settings (``replay.*``). Headroom-Drift keys are flat, EliteReplay keys nested."""
+
+    strategy: str = "none"
+    k_rep: int = 16
+    tau: float = 0.05
+    capacity: int = 1024
+    weighting: str = "sign"
+    drift_norm: str = "l2"
+    scan_chunk_groups: int = 16
+    max_scan_groups: Optional[int] = None
+    ingress: str = "answer_disagree"
+    event_log: Optional[str] = None
+    elite: EliteConfig = field(default_factory=EliteConfig)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_mapping(cls, node: Optional[Mapping[str, Any]]) -> "ReplayConfig":
+        """Build and validate from the ``replay`` config node (None means all defaults)."""
+        raw = _to_plain_dict(node)
+        elite_raw = raw.pop("elite", None)
+        _reject_unknown(raw, cls, prefix="replay")
+        elite_dict = _to_plain_dict(elite_raw)
+        _reject_unknown(elite_dict, EliteConfig, prefix="replay.elite")
+        try:
+            config = cls(**raw, elite=EliteConfig(**elite_dict))
+        except TypeError as error:  # pragma: no cover - unknown keys are rejected above
+            raise ReplayConfigError(str(error)) from error
+        config.validate()
+        return config
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def uses_headroom_drift(self) -> bool:
+        return self.strategy in ("headroom_drift", "headroom_drift+elite")
+
+    @property
+    def uses_group_buffer(self) -> bool:
+        """Strategies that keep a FIFO buffer of GRPO groups (Headroom-Drift or its naive baseline)."""
+        return self.strategy in ("headroom_drift", "naive", "headroom_drift+elite")
+
+    @property
+    def uses_elite(self) -> bool:
+        return self.strategy in ("elite", "elite_iid", "headroom_drift+elite")
+
+    @property
+    def elite_sampler(self) -> str:
+        return "iid" if self.strategy == "elite_iid" else "balanced"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # ------------------------------------------------------------------ validation
+
+    def validate(self) -> None:
+        _choice("replay.strategy", self.strategy, STRATEGIES)
+        _choice("replay.weighting", self.weighting, WEIGHTINGS)
+        _choice("replay.drift_norm", self.drift_norm, DRIFT_NORMS)
+        _choice("replay.ingress", self.ingress, INGRESS_CRITERIA)
+        _positive_int("replay.k_rep", self.k_rep)
+        _positive_int("replay.capacity", self.capacity)
+        _positive_int("replay.scan_chunk_groups", self.scan_chunk_groups)
+        if self.max_scan_groups is not None:
+            _positive_int("replay.max_scan_groups", self.max_scan_groups, hint="or null for no scan budget")
+        if not _is_number(self.tau) or not math.isfinite(self.tau) or self.tau < 0:
+            raise ReplayConfigError(
+                f"replay.tau must be a finite number >= 0 (the Policy Drift gate), got {self.tau!r}"
+            )
+        if self.uses_group_buffer and self.k_rep > self.capacity:
+            raise ReplayConfigError(
+                f"replay.k_rep ({self.k_rep}) cannot exceed replay.capacity ({self.capacity}); "
+                "lower replay.k_rep or raise replay.capacity"
+            )
+        elite = self.elite
+        if not _is_number(elite.mu) or not 0.0 <= elite.mu <= 1.0:
+            raise ReplayConfigError(f"replay.elite.mu must be a number in [0, 1], got {elite.mu!r}")
+        _positive_int("replay.elite.batch_size", elite.batch_size)
+        if not isinstance(elite.seed, int) or isinstance(elite.seed, bool):
+            raise ReplayConfigError(f"replay.elite.seed must be an integer, got {elite.seed!r}")
+        if self.uses_elite and not elite.archive:
+            raise ReplayConfigError(
+                f"replay.strategy={self.strategy} needs a frozen archive: set replay.elite.archive=PATH "
+                "(build one with `python -m verl_replay.elite.search`)"
+            )
+
+
+def _to_plain_dict(node: Any) -> dict[str, Any]:
+    if node is None:
+        return {}
+    try:  # OmegaConf nodes: resolve interpolations into plain python values
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(node, DictConfig):
+            return dict(OmegaConf.to_container(node, resolve=True))
+    except ImportError:  # pragma: no cover - omegaconf always ships with verl
+        pass
+    if isinstance(node, Mapping):
+        return dict(node)
+    raise ReplayConfigError(f"the replay config must be a mapping, got {type(node).__name__}")
+
+
+def _reject_unknown(raw: Mapping[str, Any], cls: type, prefix: str) -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ReplayConfigError(
+            f"unknown setting(s) {', '.join(f'{prefix}.{k}' for k in unknown)}; "
+            f"valid keys under {prefix} are: {', '.join(sorted(known))}"
+        )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ReplayConfigError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _positive_int(key: str, value: Any, hint: str = "") -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        suffix = f" ({hint})" if hint else ""
+        raise ReplayConfigError(f"{key} must be a positive integer{suffix}, got {value!r}")

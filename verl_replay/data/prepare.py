@@ -1,0 +1,298 @@
+"""Turn loaded examples into verl RL parquet files.
+
+Row layout (what ``verl.utils.dataset.rl_dataset.RLHFDataset`` and reward functions read):
+
+- ``data_source``: ``bird`` / ``spider`` / ``ambiqt`` / ``tiny_sql`` for SQL; the benchmark
+  name (``math500``, ``aime24``, ..., ``train``) or ``tiny_math`` for math.
+- ``prompt``: chat messages ``[{"role", "content"}]`` (see ``prompts.py``).
+- ``ability``: ``sql`` or ``math`` (verifier dispatch should key on this).
+- ``reward_model``: ``{"style": "rule", "ground_truth": <gold SQL | final answer>}``.
+- ``extra_info`` (SQL): ``split, index, question_id, db_id, db_path`` (absolute),
+  ``semantics`` (``bird`` = set equality, ``spider`` = bag / ordered), ``question, evidence,
+  gold_sqls`` (every accepted gold query; AmbiQT: both interpretations).
+- ``extra_info`` (math): ``split, index, question_id, benchmark, question``.
+
+All SQL files share one Arrow schema and all math files another, so files of the same task can
+be concatenated by verl (``datasets.concatenate_datasets`` needs identical features).
+Files are written atomically (tmp file + ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from verl_replay.data.math_benchmarks import (
+    EVAL_BENCHMARKS,
+    MathExample,
+    find_benchmark_files,
+    load_math_file,
+)
+from verl_replay.data.prompts import MATH_INSTRUCTION, SQL_INSTRUCTION, build_math_messages, build_sql_messages
+from verl_replay.data.schema import SQLExample, schema_text
+
+if TYPE_CHECKING:
+    from verl_replay.data.tiny_assets import TinyAssets
+
+_MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+_REWARD_MODEL = pa.struct([("style", pa.string()), ("ground_truth", pa.string())])
+SQL_EXTRA_INFO = pa.struct(
+    [
+        ("split", pa.string()),
+        ("index", pa.int64()),
+        ("question_id", pa.string()),
+        ("db_id", pa.string()),
+        ("db_path", pa.string()),
+        ("semantics", pa.string()),
+        ("question", pa.string()),
+        ("evidence", pa.string()),
+        ("gold_sqls", pa.list_(pa.string())),
+    ]
+)
+MATH_EXTRA_INFO = pa.struct(
+    [
+        ("split", pa.string()),
+        ("index", pa.int64()),
+        ("question_id", pa.string()),
+        ("benchmark", pa.string()),
+        ("question", pa.string()),
+    ]
+)
+
+
+def _rl_schema(extra_info: pa.DataType) -> pa.Schema:
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", _MESSAGES),
+            ("ability", pa.string()),
+            ("reward_model", _REWARD_MODEL),
+            ("extra_info", extra_info),
+        ]
+    )
+
+
+SQL_RL_SCHEMA = _rl_schema(SQL_EXTRA_INFO)
+MATH_RL_SCHEMA = _rl_schema(MATH_EXTRA_INFO)
+SEMANTICS = ("bird", "spider")
+
+
+@dataclass(frozen=True)
+class PreparedFile:
+    """One written parquet file and what it holds."""
+
+    path: Path
+    rows: int
+    data_source: str
+    split: str
+
+
+def sql_rows(
+    examples: Iterable[SQLExample],
+    *,
+    data_source: str,
+    split: str,
+    semantics: str,
+    with_sample_rows: int = 0,
+    system_prompt: str | None = None,
+    instruction: str = SQL_INSTRUCTION,
+) -> list[dict[str, Any]]:
+    """RL rows for SQL examples; the prompt shows the database's CREATE TABLE statements."""
+    if semantics not in SEMANTICS:
+        raise ValueError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
+    schema_cache: dict[Path, str] = {}
+    rows = []
+    for index, ex in enumerate(examples):
+        db_path = Path(ex.db_path).absolute()
+        if db_path not in schema_cache:
+            schema_cache[db_path] = schema_text(db_path, with_sample_rows=with_sample_rows)
+        rows.append(
+            {
+                "data_source": data_source,
+                "prompt": build_sql_messages(
+                    schema_cache[db_path], ex.question, ex.evidence, system_prompt=system_prompt, instruction=instruction
+                ),
+                "ability": "sql",
+                "reward_model": {"style": "rule", "ground_truth": ex.gold_sql},
+                "extra_info": {
+                    "split": split,
+                    "index": index,
+                    "question_id": str(ex.question_id),
+                    "db_id": ex.db_id,
+                    "db_path": str(db_path),
+                    "semantics": semantics,
+                    "question": ex.question,
+                    "evidence": ex.evidence,
+                    "gold_sqls": list(ex.gold_sqls),
+                },
+            }
+        )
+    return rows
+
+
+def math_rows(
+    examples: Iterable[MathExample],
+    *,
+    split: str,
+    data_source: str | None = None,
+    system_prompt: str | None = None,
+    instruction: str = MATH_INSTRUCTION,
+) -> list[dict[str, Any]]:
+    """RL rows for math examples; ``data_source`` defaults to each example's benchmark."""
+    return [
+        {
+            "data_source": data_source or ex.benchmark,
+            "prompt": build_math_messages(ex.problem, system_prompt=system_prompt, instruction=instruction),
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": ex.answer},
+            "extra_info": {
+                "split": split,
+                "index": index,
+                "question_id": str(ex.question_id),
+                "benchmark": ex.benchmark,
+                "question": ex.problem,
+            },
+        }
+        for index, ex in enumerate(examples)
+    ]
+
+
+def write_rl_parquet(rows: Sequence[dict[str, Any]], path: str | Path, schema: pa.Schema) -> Path:
+    """Write rows with an explicit Arrow schema, atomically; refuse an empty file."""
+    if not rows:
+        raise ValueError(f"refusing to write an empty RL parquet file to {path}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(list(rows), schema=schema)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def _write(rows: list[dict[str, Any]], output_dir: Path, name: str, schema: pa.Schema, source: str, split: str) -> PreparedFile:
+    path = write_rl_parquet(rows, Path(output_dir) / f"{name}.parquet", schema)
+    return PreparedFile(path=path.absolute(), rows=len(rows), data_source=source, split=split)
+
+
+def prepare_bird(
+    input_dir: str | Path,
+    output_dir: str | Path,
+    *,
+    split: str = "dev",
+    limit: int | None = None,
+    databases_dir: str | Path | None = None,
+    with_sample_rows: int = 0,
+    system_prompt: str | None = None,
+) -> list[PreparedFile]:
+    from verl_replay.data.bird import load_bird
+
+    examples = load_bird(input_dir, split, databases_dir=databases_dir, limit=limit)
+    rows = sql_rows(examples, data_source="bird", split=split, semantics="bird",
+                    with_sample_rows=with_sample_rows, system_prompt=system_prompt)
+    return [_write(rows, Path(output_dir), f"bird_{split}", SQL_RL_SCHEMA, "bird", split)]
+
+
+def prepare_spider(
+    input_dir: str | Path,
+    output_dir: str | Path,
+    *,
+    split: str = "dev",
+    limit: int | None = None,
+    databases_dir: str | Path | None = None,
+    with_sample_rows: int = 0,
+    system_prompt: str | None = None,
+) -> list[PreparedFile]:
+    from verl_replay.data.spider import load_spider
+
+    examples = load_spider(input_dir, split, databases_dir=databases_dir, limit=limit)
+    rows = sql_rows(examples, data_source="spider", split=split, semantics="spider",
+                    with_sample_rows=with_sample_rows, system_prompt=system_prompt)
+    return [_write(rows, Path(output_dir), f"spider_{split}", SQL_RL_SCHEMA, "spider", split)]
+
+
+def prepare_ambiqt(
+    input_path: str | Path,
+    output_dir: str | Path,
+    *,
+    databases_dir: str | Path,
+    split: str = "validation",
+    limit: int | None = None,
+    check_executable: bool = True,
+    with_sample_rows: int = 0,
+    system_prompt: str | None = None,
+) -> tuple[list[PreparedFile], list[tuple[str, str]]]:
+    """Returns the written files and the skipped ``(question_id, reason)`` pairs."""
+    from verl_replay.data.ambiqt import load_ambiqt
+
+    loaded = load_ambiqt(input_path, databases_dir, split=split, limit=limit, check_executable=check_executable)
+    if not loaded.examples:
+        reasons = "; ".join(f"{q}: {r}" for q, r in loaded.skipped[:3])
+        raise ValueError(f"no usable AmbiQT examples in {input_path} (first skips: {reasons})")
+    rows = sql_rows(loaded.examples, data_source="ambiqt", split=split, semantics="spider",
+                    with_sample_rows=with_sample_rows, system_prompt=system_prompt)
+    return [_write(rows, Path(output_dir), f"ambiqt_{split}", SQL_RL_SCHEMA, "ambiqt", split)], loaded.skipped
+
+
+def prepare_math(
+    input_path: str | Path,
+    output_dir: str | Path,
+    *,
+    benchmarks: Sequence[str] | None = None,
+    benchmark: str | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+    instruction: str = MATH_INSTRUCTION,
+    system_prompt: str | None = None,
+    **field_names: str | None,
+) -> list[PreparedFile]:
+    """One parquet per benchmark: ``math_<benchmark>.parquet``.
+
+    ``input_path`` is a file (then ``benchmark`` names it) or a directory searched with
+    ``find_benchmark_files``; ``benchmarks`` restricts which are written. ``split`` defaults to
+    ``train`` for the ``train`` benchmark and ``test`` otherwise. ``field_names`` are passed to
+    ``load_math_file`` (``problem_field``, ``answer_field``, ``solution_field``, ``id_field``).
+    """
+    input_path = Path(input_path)
+    if input_path.is_file():
+        if not benchmark:
+            raise ValueError(f"{input_path} is a file: pass benchmark=<name> (e.g. math500 or train)")
+        files = {benchmark: input_path}
+    else:
+        files = find_benchmark_files(input_path)
+        if benchmarks:
+            missing = [b for b in benchmarks if b not in files]
+            if missing:
+                raise FileNotFoundError(
+                    f"no file for math benchmark(s) {missing} under {input_path}; found {sorted(files) or 'none'}"
+                )
+            files = {b: files[b] for b in benchmarks}
+        if not files:
+            raise FileNotFoundError(
+                f"no math benchmark files under {input_path}; expected names like "
+                f"{', '.join(b + '.jsonl' for b in EVAL_BENCHMARKS)} or train.parquet"
+            )
+    prepared = []
+    for name, path in files.items():
+        examples = load_math_file(path, benchmark=name, limit=limit, **field_names)
+        this_split = split or ("train" if name == "train" else "test")
+        rows = math_rows(examples, split=this_split, instruction=instruction, system_prompt=system_prompt)
+        prepared.append(_write(rows, Path(output_dir), f"math_{name}", MATH_RL_SCHEMA, name, this_split))
+    return prepared
+
+
+def prepare_tiny(output_dir: str | Path, *, seed: int = 0, model_arch: str = "qwen3_5", force: bool = False) -> TinyAssets:
+    from verl_replay.data.tiny_assets import build_tiny_assets
+
+    return build_tiny_assets(Path(output_dir), seed=seed, model_arch=model_arch, force=force)

@@ -1,0 +1,410 @@
+"""Deterministic tiny local assets for CPU tests and runs: tokenizer, model, RL datasets.
+
+Nothing is downloaded. From one seed this builds:
+
+- a byte-level BPE tokenizer trained with ``tokenizers`` on the tiny datasets' text (any UTF-8
+  text still encodes), Qwen-style chat template (``<|im_start|>role\\n...<|im_end|>\\n``),
+  eos ``<|im_end|>``, pad ``<|endoftext|>``, digits split one per token like Qwen;
+- a random-init tiny causal LM (default ``Qwen3_5ForCausalLM`` with hybrid linear/full
+  attention; ``model_arch="qwen2"`` gives a tiny ``Qwen2ForCausalLM``), saved with the tokenizer
+  in one directory that ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained`` load;
+- ``tiny_math`` and ``tiny_sql`` RL parquet files (train/val) and the SQLite databases.
+
+Layout under the root::
+
+    model/            config.json, model.safetensors, generation_config.json, tokenizer files
+    math/{train,val}.parquet
+    sql/{train,val}.parquet
+    sql/databases/<db_id>/<db_id>.sqlite
+    MANIFEST.json     written last: format version, seed, arch, sha256 of every file, stats
+
+Caching and concurrency: a root whose manifest matches (version, seed, arch) and whose files
+match their hashes is returned as is. Otherwise the build runs under an exclusive file lock
+(``fcntl``) into a sibling temporary directory that is renamed into place, so concurrent
+builders (pytest workers, Ray processes) never see or leave a half-written tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from verl_replay.data.math_benchmarks import MathExample
+from verl_replay.data.prepare import MATH_RL_SCHEMA, SQL_RL_SCHEMA, math_rows, sql_rows, write_rl_parquet
+from verl_replay.data.prompts import SQL_INSTRUCTION, TINY_MATH_INSTRUCTION
+from verl_replay.data.schema import SQLExample
+from verl_replay.data.tiny_math import TINY_MATH_SOURCE, tiny_math_examples
+from verl_replay.data.tiny_sql import TINY_SQL_SOURCE, build_tiny_sql
+
+# Bump when the layout, the generators or the model/tokenizer recipe change: old caches are
+# then ignored because the default directory name and the manifest both carry the version.
+ASSET_FORMAT_VERSION = 1
+MODEL_ARCHS = ("qwen3_5", "qwen2")
+DEFAULT_MODEL_ARCH = "qwen3_5"
+MANIFEST_NAME = "MANIFEST.json"
+
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+TARGET_VOCAB_SIZE = 1024
+MAX_POSITIONS = 1024
+# Qwen-style template; generation prompt opens the assistant turn.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+_SQL_KEYWORDS = (
+    "SELECT DISTINCT FROM WHERE JOIN LEFT INNER OUTER CROSS ON AS AND OR NOT IN EXISTS IS NULL LIKE "
+    "BETWEEN GROUP BY HAVING ORDER ASC DESC LIMIT OFFSET UNION ALL INTERSECT EXCEPT WITH CASE WHEN "
+    "THEN ELSE END COUNT SUM AVG MIN MAX CAST OVER PARTITION ROW_NUMBER RANK"
+)
+_FILLER = (
+    "Let me think step by step. First, we add the numbers. Then we multiply. "
+    "The answer is \\boxed{0}. We need the table and the join. The query is:"
+)
+
+
+@dataclass(frozen=True)
+class TinyAssets:
+    """Paths of a complete tiny-asset build (``tokenizer`` is the model directory)."""
+
+    root: Path
+    model_dir: Path
+    tokenizer: Path
+    math_train: Path
+    math_val: Path
+    sql_train: Path
+    sql_val: Path
+    sql_db_root: Path
+    seed: int
+    model_arch: str
+    # True when this call built the files (False: an existing build was reused).
+    built_now: bool = field(default=False, compare=False)
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / MANIFEST_NAME
+
+    def manifest(self) -> dict[str, Any]:
+        return json.loads(self.manifest_path.read_text(encoding="utf-8"))
+
+
+def default_root(seed: int = 0, model_arch: str = DEFAULT_MODEL_ARCH) -> Path:
+    """``$VERL_REPLAY_CACHE`` (default ``~/.cache/verl_replay``) / ``tiny-v<version>[-arch-seed]``."""
+    base = Path(os.environ.get("VERL_REPLAY_CACHE", "~/.cache/verl_replay")).expanduser()
+    name = f"tiny-v{ASSET_FORMAT_VERSION}"
+    if seed != 0 or model_arch != DEFAULT_MODEL_ARCH:
+        name += f"-{model_arch}-seed{seed}"
+    return base / name
+
+
+def _assets_at(root: Path, seed: int, model_arch: str) -> TinyAssets:
+    return TinyAssets(
+        root=root,
+        model_dir=root / "model",
+        tokenizer=root / "model",
+        math_train=root / "math" / "train.parquet",
+        math_val=root / "math" / "val.parquet",
+        sql_train=root / "sql" / "train.parquet",
+        sql_val=root / "sql" / "val.parquet",
+        sql_db_root=root / "sql" / "databases",
+        seed=seed,
+        model_arch=model_arch,
+    )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _file_hashes(root: Path) -> dict[str, str]:
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
+    return {p.relative_to(root).as_posix(): _sha256(p) for p in files}
+
+
+def is_complete(root: Path, *, seed: int, model_arch: str) -> bool:
+    """True iff ``root`` holds a finished build for this version/seed/arch with intact files."""
+    try:
+        manifest = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if (manifest.get("format_version"), manifest.get("seed"), manifest.get("model_arch")) != (
+        ASSET_FORMAT_VERSION,
+        seed,
+        model_arch,
+    ):
+        return False
+    files = manifest.get("files", {})
+    try:
+        return bool(files) and all(_sha256(root / rel) == digest for rel, digest in files.items())
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    import fcntl  # POSIX only, like verl's CPU/GPU stacks
+
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def _tokenizer_corpus(math: list[MathExample], sql: list[SQLExample], sql_prompts: list[str], math_prompts: list[str]) -> list[str]:
+    corpus = list(sql_prompts) + list(math_prompts)
+    corpus += [f"The answer is \\boxed{{{ex.answer}}}." for ex in math]
+    corpus += [f"```sql\n{q}\n```" for ex in sql for q in ex.gold_sqls]
+    corpus += [_SQL_KEYWORDS, _SQL_KEYWORDS.lower(), " ".join("0123456789"), _FILLER, "system user assistant"]
+    return corpus
+
+
+def _train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
+    """Byte-level BPE; digits are isolated before byte-level splitting (Qwen does the same)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return tok
+
+
+def _save_tokenizer(tok: Any, model_dir: Path) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        model_max_length=MAX_POSITIONS,
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+        extra_special_tokens=[IM_START],
+    )
+    hf_tok.save_pretrained(model_dir)
+    return hf_tok
+
+
+# --------------------------------------------------------------------------- model
+
+
+def tiny_model_config(model_arch: str, vocab_size: int, *, eos_id: int, pad_id: int) -> Any:
+    """Config of the tiny random model (hidden 64, 2 layers, 4 heads, intermediate 128)."""
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,  # like Qwen: no BOS token is prepended
+        dtype="float32",
+    )
+    if model_arch == "qwen3_5":
+        from transformers import Qwen3_5TextConfig
+
+        # One gated-delta-net (linear attention) layer followed by one full-attention layer:
+        # the smallest model that exercises both kinds of layer of the real Qwen3.5.
+        return Qwen3_5TextConfig(
+            **common,
+            head_dim=16,
+            layer_types=["linear_attention", "full_attention"],
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+        )
+    if model_arch == "qwen2":
+        from transformers import Qwen2Config
+
+        return Qwen2Config(**common)
+    raise ValueError(f"model_arch must be one of {MODEL_ARCHS}, got {model_arch!r}")
+
+
+@contextlib.contextmanager
+def _quiet_progress_bars() -> Iterator[None]:
+    """Hide transformers' shard-writing bar for a 0.5 MB file, then restore the user's setting."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _save_model(model_dir: Path, model_arch: str, seed: int, hf_tok: Any) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    eos_id = hf_tok.convert_tokens_to_ids(IM_END)
+    pad_id = hf_tok.convert_tokens_to_ids(ENDOFTEXT)
+    config = tiny_model_config(model_arch, len(hf_tok), eos_id=eos_id, pad_id=pad_id)
+    # Private RNG stream: the same seed gives the same weights whatever the caller did before.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
+    with _quiet_progress_bars():
+        model.save_pretrained(model_dir, safe_serialization=True)
+    return {
+        "class": type(model).__name__,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "config": {k: v for k, v in config.to_dict().items() if k in _REPORTED_CONFIG_KEYS},
+    }
+
+
+_REPORTED_CONFIG_KEYS = {
+    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "layer_types", "max_position_embeddings",
+    "tie_word_embeddings", "eos_token_id", "pad_token_id", "bos_token_id",
+}
+
+
+# --------------------------------------------------------------------------- build
+
+
+def _length_stats(lengths: list[int]) -> dict[str, float]:
+    return {"min": min(lengths), "mean": round(statistics.fmean(lengths), 1), "max": max(lengths)}
+
+
+def _build_into(tmp: Path, final_root: Path, seed: int, model_arch: str) -> None:
+    final = _assets_at(final_root, seed, model_arch)
+    staged = _assets_at(tmp, seed, model_arch)
+    math = tiny_math_examples(seed)
+    sql = build_tiny_sql(staged.sql_db_root, seed=seed, final_db_root=final.sql_db_root)
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for split in ("train", "val"):
+        rows[f"math_{split}"] = math_rows(
+            math[split], split=split, data_source=TINY_MATH_SOURCE, instruction=TINY_MATH_INSTRUCTION
+        )
+        # Schema text is read from the staged copy; db_path must name the final location.
+        staged_examples = [
+            SQLExample(
+                question_id=e.question_id,
+                db_id=e.db_id,
+                question=e.question,
+                gold_sqls=e.gold_sqls,
+                db_path=staged.sql_db_root / e.db_id / f"{e.db_id}.sqlite",
+            )
+            for e in sql[split]
+        ]
+        split_rows = sql_rows(staged_examples, data_source=TINY_SQL_SOURCE, split=split, semantics="bird",
+                              instruction=SQL_INSTRUCTION)
+        for row, ex in zip(split_rows, sql[split], strict=True):
+            row["extra_info"]["db_path"] = str(ex.db_path)
+        rows[f"sql_{split}"] = split_rows
+
+    prompt_texts = {k: [r["prompt"][-1]["content"] for r in v] for k, v in rows.items()}
+    corpus = _tokenizer_corpus(
+        math["train"] + math["val"],
+        sql["train"] + sql["val"],
+        prompt_texts["sql_train"] + prompt_texts["sql_val"],
+        prompt_texts["math_train"] + prompt_texts["math_val"],
+    )
+    hf_tok = _save_tokenizer(_train_tokenizer(corpus, TARGET_VOCAB_SIZE), staged.model_dir)
+    model_info = _save_model(staged.model_dir, model_arch, seed, hf_tok)
+
+    write_rl_parquet(rows["math_train"], staged.math_train, MATH_RL_SCHEMA)
+    write_rl_parquet(rows["math_val"], staged.math_val, MATH_RL_SCHEMA)
+    write_rl_parquet(rows["sql_train"], staged.sql_train, SQL_RL_SCHEMA)
+    write_rl_parquet(rows["sql_val"], staged.sql_val, SQL_RL_SCHEMA)
+
+    prompt_tokens = {
+        key: _length_stats(
+            [len(hf_tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"]) for r in value]
+        )
+        for key, value in rows.items()
+    }
+    manifest = {
+        "format_version": ASSET_FORMAT_VERSION,
+        "seed": seed,
+        "model_arch": model_arch,
+        "vocab_size": len(hf_tok),
+        "model": model_info,
+        "counts": {key: len(value) for key, value in rows.items()},
+        "prompt_tokens": prompt_tokens,
+        "files": _file_hashes(tmp),
+    }
+    # The manifest is the completeness marker: written last, atomically.
+    partial = tmp / f".{MANIFEST_NAME}.partial"
+    partial.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(partial, tmp / MANIFEST_NAME)
+
+
+def build_tiny_assets(
+    root: Path | str | None = None,
+    *,
+    seed: int = 0,
+    force: bool = False,
+    model_arch: str = DEFAULT_MODEL_ARCH,
+) -> TinyAssets:
+    """Build (or return the cached) tiny assets under ``root`` (default: ``default_root``).
+
+    ``force=True`` rebuilds even if a complete build exists. Same seed and arch give the same
+    bytes for every file except the SQL parquet files, which embed the absolute database path.
+    """
+    if model_arch not in MODEL_ARCHS:
+        raise ValueError(f"model_arch must be one of {MODEL_ARCHS}, got {model_arch!r}")
+    root = Path(root).expanduser().absolute() if root is not None else default_root(seed, model_arch).absolute()
+    assets = _assets_at(root, seed, model_arch)
+    if not force and is_complete(root, seed=seed, model_arch=model_arch):
+        return assets
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(root.parent / f".{root.name}.lock"):
+        # Another process may have finished the same build while we waited for the lock.
+        if not force and is_complete(root, seed=seed, model_arch=model_arch):
+            return assets
+        token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = root.parent / f".{root.name}.tmp-{token}"
+        try:
+            tmp.mkdir()
+            _build_into(tmp, root, seed, model_arch)
+            if root.exists():
+                # Directories cannot be replaced atomically when the target is non-empty:
+                # move the old tree aside first, then rename the new one into place.
+                trash = root.parent / f".{root.name}.old-{token}"
+                os.replace(root, trash)
+                os.replace(tmp, root)
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                os.replace(tmp, root)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return replace(assets, built_now=True)

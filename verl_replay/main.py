@@ -1,0 +1,106 @@
+"""Entry point: ``python -m verl_replay.main [hydra overrides]``.
+
+The config (``verl_replay/config/replay_trainer.yaml``) extends verl's ``ppo_trainer`` and adds
+``replay:``. With no overrides it runs the embedded default, a tiny GRPO run on CPU. The
+replay section is validated here, once, before Ray starts; a bad value stops the run with a
+message naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl_replay.config import ReplayConfig, ReplayConfigError
+
+TINY_ASSET_RESOLVER = "tiny_asset"
+
+
+def _tiny_asset(name: str) -> str:
+    """``${tiny_asset:model}`` etc.: path of a tiny local asset, built and cached on first use."""
+    from verl_replay.data.tiny_assets import build_tiny_assets
+
+    assets = build_tiny_assets()
+    paths = {
+        "model": assets.model_dir,
+        "tokenizer": assets.model_dir,
+        "math_train": assets.math_train,
+        "math_val": assets.math_val,
+        "sql_train": assets.sql_train,
+        "sql_val": assets.sql_val,
+        "sql_db_root": assets.sql_db_root,
+    }
+    if name not in paths:
+        raise KeyError(f"unknown tiny asset {name!r}; known: {', '.join(sorted(paths))}")
+    return str(paths[name])
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver(TINY_ASSET_RESOLVER):
+        OmegaConf.register_new_resolver(TINY_ASSET_RESOLVER, _tiny_asset)
+
+
+def prepare_platform(config: DictConfig) -> None:
+    """Select verl_replay's cpu platform in this process when the run asks for ``trainer.device=cpu``."""
+    if config.trainer.device != "cpu":
+        return
+    os.environ["VERL_PLATFORM"] = "cpu"
+    from verl.plugin.platform import get_platform, set_platform
+
+    from verl_replay.integrations.verl.cpu_support import install_cpu_support
+    from verl_replay.integrations.verl.platform_cpu import PlatformCPU
+
+    install_cpu_support()
+    if get_platform().device_name != "cpu":  # a verl import resolved the platform before us
+        set_platform(PlatformCPU())
+
+
+def prepare_run_dir(config: DictConfig) -> Path:
+    run_dir = Path(config.run_dir).absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # verl's file logger reads this in the TaskRunner process (Ray inherits the driver's env)
+    os.environ.setdefault("VERL_FILE_LOGGER_PATH", str(run_dir / "metrics.jsonl"))
+    env_vars = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars")
+    if env_vars is not None:
+        with open_dict(env_vars):
+            env_vars["VERL_FILE_LOGGER_PATH"] = os.environ["VERL_FILE_LOGGER_PATH"]
+    return run_dir
+
+
+def run(config: DictConfig) -> None:
+    try:
+        replay_config = ReplayConfig.from_mapping(config.get("replay"))
+    except ReplayConfigError as error:
+        raise SystemExit(f"verl_replay: invalid config: {error}") from None
+    # Absolute, so checkpoints and logs land in the same place whatever a Ray worker's cwd is.
+    config.run_dir = str(Path(config.run_dir).absolute())
+    OmegaConf.resolve(config)  # tiny assets are built here, in the driver, once
+    prepare_platform(config)
+    run_dir = prepare_run_dir(config)
+
+    from verl.trainer.main_ppo import run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    from verl_replay.integrations.verl.task_runner import ReplayTaskRunner
+
+    auto_set_device(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    print(f"verl_replay: strategy={replay_config.strategy} run_dir={run_dir}", flush=True)
+    run_ppo(config, task_runner_class=ReplayTaskRunner)
+    print(f"verl_replay: done. metrics: {os.environ['VERL_FILE_LOGGER_PATH']}  run dir: {run_dir}", flush=True)
+
+
+@hydra.main(config_path="config", config_name="replay_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    run(config)
+
+
+if __name__ == "__main__":
+    register_resolvers()
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""verl custom reward functions for text-to-SQL and math.
+
+Point verl at this module::
+
+    reward.custom_reward_function.path=<site-packages>/verl_replay/rewards.py
+    reward.custom_reward_function.name=compute_score
+
+``compute_score`` returns ``{"score", "acc", "reason"}``; verl logs the extra keys as
+reward metrics. ``acc`` is always pure answer correctness (the bit the replay buffers store,
+SPEC 1 / 2.1), ``score`` may add a ``format_bonus``.
+
+Thread safety: Ray reward workers call this from threads. SQL runs in the calling thread
+with its deadline enforced inside SQLite (nothing is left running after a timeout); math
+uses ``verify_math``, whose guarded path runs in a sandbox process pool, never relying on
+signals in the calling thread. This module imports no verl/ray/torch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from verl_replay.verifiers.extract import extract_sql
+
+__all__ = ["compute_score", "is_sql_source", "is_math_source"]
+
+_SQL_SOURCES = frozenset({"bird", "spider", "ambiqt", "tiny_sql"})
+# Substrings that identify math datasets as they appear in verl data_source fields
+# (e.g. "openai/gsm8k", "lighteval/MATH", "HuggingFaceH4/MATH-500", "math_dapo", "aime24").
+_MATH_MARKERS = ("math", "gsm8k", "aime", "amc", "minerva", "olympiad", "numina", "deepscaler", "dapo")
+
+
+def is_sql_source(data_source: str) -> bool:
+    name = data_source.lower()
+    return name.startswith("sql") or name in _SQL_SOURCES
+
+
+def is_math_source(data_source: str) -> bool:
+    name = data_source.lower()
+    return any(marker in name for marker in _MATH_MARKERS)
+
+
+def _as_list(ground_truth: Any) -> list[Any]:
+    """Gold answers as a list: AmbiQT-style rows carry several gold queries."""
+    if hasattr(ground_truth, "tolist"):  # numpy arrays from parquet
+        ground_truth = ground_truth.tolist()
+    if isinstance(ground_truth, (list, tuple)):
+        return list(ground_truth)
+    return [ground_truth]
+
+
+def _result(correct: bool, well_formed: bool, reason: str, format_bonus: float) -> dict[str, Any]:
+    score = 1.0 if correct else (float(format_bonus) if well_formed else 0.0)
+    return {"score": score, "acc": 1.0 if correct else 0.0, "reason": reason}
+
+
+def _sql_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None,
+               format_bonus: float, timeout_s: float) -> dict[str, Any]:
+    from verl_replay.verifiers.sql import verify_sql
+
+    info = dict(extra_info or {})
+    if "db_path" not in info:
+        raise ValueError(
+            f"data_source {data_source!r} needs extra_info['db_path'] (the question's SQLite file, "
+            "absolute or relative to extra_info['db_root'])"
+        )
+    db_path = os.fspath(info["db_path"])
+    if not os.path.isabs(db_path) and info.get("db_root"):
+        db_path = os.path.join(os.fspath(info["db_root"]), db_path)
+    default_semantics = "spider" if data_source.lower() == "spider" else "bird"
+    semantics = info.get("semantics") or default_semantics
+    predicted = extract_sql(solution_str)
+    if predicted is None:
+        return _result(False, False, "no_sql", format_bonus)
+    reasons = ["gold_error"]
+    for gold in _as_list(ground_truth):  # correct if it matches any gold interpretation
+        outcome = verify_sql(db_path, predicted, str(gold), semantics=semantics, timeout_s=timeout_s)
+        if outcome.correct:
+            return _result(True, True, outcome.reason, format_bonus)
+        reasons.append(outcome.reason)
+        if outcome.reason not in ("mismatch", "gold_error"):
+            break  # the prediction itself failed; other golds cannot change that
+    reason = "mismatch" if "mismatch" in reasons else reasons[-1]
+    # Well-formed: the prediction executed and returned rows, just not the right ones.
+    return _result(False, reason == "mismatch", reason, format_bonus)
+
+
+def _math_score(solution_str: str, ground_truth: Any, format_bonus: float, timeout_s: float) -> dict[str, Any]:
+    from verl_replay.verifiers.math import verify_math
+
+    reasons = ["gold_error"]
+    for gold in _as_list(ground_truth):
+        outcome = verify_math(solution_str, gold, timeout_s=timeout_s)
+        if outcome.correct:
+            return _result(True, True, outcome.reason, format_bonus)
+        reasons.append(outcome.reason)
+        if outcome.reason == "no_answer":
+            break
+    reason = "mismatch" if "mismatch" in reasons else reasons[-1]
+    return _result(False, reason == "mismatch", reason, format_bonus)
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """verl reward: ``{"score": float, "acc": 0.0/1.0, "reason": str}``.
+
+    SQL sources (name starts with ``sql`` or is one of bird/spider/ambiqt/tiny_sql): the SQL
+    is extracted from ``solution_str`` and executed against ``extra_info["db_path"]``;
+    ``ground_truth`` is the gold SQL (or a list: correct if any matches); semantics from
+    ``extra_info["semantics"]`` (default ``"spider"`` for spider, else ``"bird"``).
+    Math sources (gsm8k, MATH, AIME, AMC, Minerva, OlympiadBench, ...): ``verify_math``.
+
+    Keyword options: ``format_bonus`` (default 0.0) is the score of a well-formed but wrong
+    answer (an SQL query that ran, a math answer that parsed); ``sql_timeout_s`` (5.0) and
+    ``math_timeout_s`` (5.0). Unknown sources raise ``ValueError`` (a configuration error,
+    not a model error); so does an SQL row without ``extra_info["db_path"]``.
+    """
+    format_bonus = float(kwargs.get("format_bonus", 0.0))
+    if is_sql_source(data_source):
+        timeout_s = float(kwargs.get("sql_timeout_s", 5.0))
+        return _sql_score(data_source, solution_str, ground_truth, extra_info, format_bonus, timeout_s)
+    if is_math_source(data_source):
+        timeout_s = float(kwargs.get("math_timeout_s", 5.0))
+        return _math_score(solution_str, ground_truth, format_bonus, timeout_s)
+    raise ValueError(
+        f"compute_score: unknown data_source {data_source!r}; SQL sources start with 'sql' or are one of "
+        f"{sorted(_SQL_SOURCES)}, math sources contain one of {list(_MATH_MARKERS)}"
+    )
