@@ -1,0 +1,99 @@
+"""The CPU plugin's contact points with verl 0.9.1: each must exist and take effect.
+
+If one of these fails after a verl upgrade, the message says which private name moved.
+"""
+
+import importlib
+
+import pytest
+import torch
+
+from verl_replay.integrations.verl import cpu_support
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed():
+    cpu_support.install_cpu_support()
+
+
+@pytest.mark.parametrize("module_name, attribute", cpu_support.PRIVATE_API_PATCHES)
+def test_private_api_names_exist_in_pinned_verl(module_name, attribute):
+    module = importlib.import_module(module_name)
+    assert hasattr(module, attribute), (
+        f"verl moved {module_name}.{attribute}; verl_replay's CPU support must be updated for this verl version"
+    )
+
+
+def test_missing_private_name_fails_with_clear_message(monkeypatch):
+    from verl.workers import engine_workers
+
+    monkeypatch.delattr(engine_workers, "initialize_global_process_group_ray")
+    with pytest.raises(cpu_support.VerlPrivateApiChanged, match="initialize_global_process_group_ray.*verl==0.9.1"):
+        cpu_support.use_plain_gloo_process_group()
+
+
+def test_cpu_platform_is_registered_and_never_auto_detected():
+    from verl.plugin.platform import PlatformRegistry
+
+    platform_cls = PlatformRegistry.get("cpu")
+    assert platform_cls is not None
+    platform = platform_cls()
+    assert platform.device_name == "cpu"
+    assert platform.communication_backend_name() == "gloo"
+    assert platform.ray_resource_name() == "GPU"
+    assert not platform.is_platform_available(use_smi_check=True)
+    device = platform.device_module
+    assert device.memory_reserved() == 0 and device.max_memory_allocated() == 0
+    free, total = device.mem_get_info()
+    assert 0 < free <= total
+    assert torch.zeros(2).to(platform.current_device()).device.type == "cpu"
+
+
+def test_fsdp_engine_registered_for_cpu():
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
+
+    for backend in ("fsdp", "fsdp2"):
+        assert EngineRegistry._engines["language_model"][backend]["cpu"] is FSDPEngineWithLMHead
+        assert EngineRegistry._engines["value_model"][backend]["cpu"] is FSDPEngineWithValueHead
+
+
+def test_offload_policy_never_pins_memory():
+    from verl.workers.engine.fsdp import transformer_impl
+
+    policy = transformer_impl.CPUOffloadPolicy(pin_memory=True)
+    assert policy.pin_memory is False
+
+
+def test_process_group_init_defaults_to_plain_gloo(monkeypatch):
+    from verl.workers import engine_workers
+
+    seen = {}
+
+    def fake_init_process_group(backend=None, **kwargs):
+        seen["backend"] = backend
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", fake_init_process_group)
+    engine_workers.initialize_global_process_group_ray(timeout_second=None)
+    assert seen["backend"] == "gloo"
+
+
+def test_hf_rollout_is_registered():
+    from verl.workers.rollout.base import get_rollout_class
+    from verl.workers.rollout.replica import get_rollout_replica_class
+
+    from verl_replay.integrations.verl.hf_rollout import HFReplica, HFServerAdapter
+
+    assert get_rollout_class("hf", "async") is HFServerAdapter
+    assert get_rollout_replica_class("hf") is HFReplica
+
+
+def test_install_is_idempotent():
+    from verl.workers.engine.fsdp import transformer_impl
+
+    before = transformer_impl.CPUOffloadPolicy
+    cpu_support.install_cpu_support()
+    cpu_support._installed = False
+    cpu_support.install_cpu_support()
+    assert transformer_impl.CPUOffloadPolicy is before

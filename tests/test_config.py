@@ -1,0 +1,52 @@
+import pytest
+from omegaconf import OmegaConf
+
+from verl_replay.config import ReplayConfig, ReplayConfigError
+
+
+def test_defaults_validate():
+    config = ReplayConfig.from_mapping(None)
+    assert config.strategy == "none"
+    assert not config.uses_group_buffer and not config.uses_elite
+
+
+def test_from_omegaconf_resolves_interpolations():
+    node = OmegaConf.create({"root": "/x", "replay": {"strategy": "headroom_drift", "event_log": "${root}/e.jsonl"}})
+    config = ReplayConfig.from_mapping(node.replay)
+    assert config.event_log == "/x/e.jsonl"
+    assert config.uses_headroom_drift and config.uses_group_buffer
+
+
+@pytest.mark.parametrize(
+    "raw, key",
+    [
+        ({"strategy": "bogus"}, "replay.strategy"),
+        ({"tau": -0.1}, "replay.tau"),
+        ({"tau": float("nan")}, "replay.tau"),
+        ({"tau": "small"}, "replay.tau"),
+        ({"k_rep": 0}, "replay.k_rep"),
+        ({"k_rep": 2.5}, "replay.k_rep"),
+        ({"capacity": -3}, "replay.capacity"),
+        ({"weighting": "abs"}, "replay.weighting"),
+        ({"drift_norm": "linf"}, "replay.drift_norm"),
+        ({"ingress": "all"}, "replay.ingress"),
+        ({"scan_chunk_groups": 0}, "replay.scan_chunk_groups"),
+        ({"max_scan_groups": 0}, "replay.max_scan_groups"),
+        ({"k_rep": 10, "capacity": 5, "strategy": "naive"}, "replay.k_rep"),
+        ({"elite": {"mu": 1.5}}, "replay.elite.mu"),
+        ({"elite": {"batch_size": 0}}, "replay.elite.batch_size"),
+        ({"strategy": "elite"}, "replay.elite.archive"),
+        ({"typo_key": 1}, "replay.typo_key"),
+        ({"elite": {"archve": "x"}}, "replay.elite.archve"),
+    ],
+)
+def test_invalid_values_name_the_key(raw, key):
+    with pytest.raises(ReplayConfigError, match=key.replace(".", r"\.")):
+        ReplayConfig.from_mapping(raw)
+
+
+def test_elite_strategies_and_sampler_kind():
+    config = ReplayConfig.from_mapping({"strategy": "elite_iid", "elite": {"archive": "a.parquet"}})
+    assert config.uses_elite and config.elite_sampler == "iid" and not config.uses_group_buffer
+    combined = ReplayConfig.from_mapping({"strategy": "headroom_drift+elite", "elite": {"archive": "a.parquet"}})
+    assert combined.uses_elite and combined.uses_headroom_drift and combined.elite_sampler == "balanced"
