@@ -26,11 +26,26 @@ created, i.e. amortised O(1) per refresh/eviction). A selection pops the scanned
 amortised. FIFO order is an ``OrderedDict`` (O(1) append and evict-oldest). Nothing per step
 touches all N groups.
 
-Statistics conventions
-----------------------
-``SelectionResult.stats`` keys carry no ``replay/`` prefix. Counts are floats. Aggregates over
-an empty set (e.g. ``drift_accepted/mean`` when nothing was accepted) are 0.0; read them
-together with the count (``scanned``, ``accepted``). Ratios with a zero denominator are 0.0.
+Statistics (``SelectionResult.stats``; keys without the ``replay/`` prefix, all floats)
+-------------------------------------------------------------------------------------
+``buffer_size``, ``candidates`` (groups in the buffer when the step starts; equal at select
+time), ``scanned``, ``accepted``, ``rejected_drift`` (scanned - accepted), ``fill_ratio``
+(accepted / K_rep), ``acceptance_rate`` (accepted / scanned), ``scan_depth`` (1-based rank, in
+the cached-Headroom order at the start of the step, of the last scanned group; since the scan
+walks that order without skipping it equals ``scanned``), ``scan_depth_frac`` (scan_depth /
+candidates), ``drift_scanned/{mean,p50,p90}``, ``drift_accepted/{mean,p50,p90}``,
+``headroom_cached_accepted/mean`` (ranking key before the scan), ``headroom_refreshed_accepted/
+mean`` (H under the current policy), ``replay_kl_accepted/mean`` (k3 averaged over all valid
+tokens of the accepted groups, token-weighted), ``age_accepted/{mean,max}`` (steps since
+birth), ``replay_tokens`` (valid tokens of the accepted groups, for the replay token share),
+``select_seconds`` (whole call) and ``scan_forward_seconds`` (inside scorer calls).
+Percentiles interpolate linearly (numpy default). Ingress/eviction counts come from ``admit``.
+The naive buffer reports the same keys minus the drift/KL/refreshed-Headroom ones.
+
+Empty sets: aggregates over an empty set (e.g. ``drift_accepted/mean`` when nothing was
+accepted) are 0.0, and ratios with a zero denominator are 0.0; read them with the count
+(``scanned``, ``accepted``). Values are NaN-free; drift can be ``inf`` when the scorer gives a
+stored token log-prob -inf.
 """
 
 from __future__ import annotations
@@ -53,7 +68,12 @@ import torch
 from torch import Tensor
 
 from verl_replay.headroom_drift.events import evict_record, ingress_record, scan_record
-from verl_replay.headroom_drift.scores import DRIFT_NORMS, WEIGHTINGS, group_scores_flat, headroom_flat
+from verl_replay.headroom_drift.scores import (
+    DRIFT_NORMS,
+    WEIGHTINGS,
+    group_scores_flat,
+    headroom_flat,
+)
 
 __all__ = [
     "INGRESS_CRITERIA",
@@ -77,10 +97,15 @@ _STATE_FORMAT = 1
 
 
 def _as_1d(name: str, x: Any, dtype: torch.dtype) -> Tensor:
-    t = torch.as_tensor(x)
+    """1-D contiguous CPU tensor of ``dtype``; no copy when ``x`` already is one."""
+    t = x if isinstance(x, Tensor) else torch.as_tensor(x)
     if t.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    return t.detach().to(device="cpu", dtype=dtype).contiguous()
+    if t.dtype != dtype or t.device.type != "cpu":
+        t = t.to(device="cpu", dtype=dtype)
+    if t.requires_grad:
+        t = t.detach()
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _response_level(token_adv: Tensor, valid: Tensor) -> Tensor:
@@ -157,12 +182,13 @@ class ReplayGroup:
         self.advantages = _as_1d("advantages", self.advantages, torch.float32)
         self.correct = _as_1d("correct", self.correct, torch.bool)
         self.scores = _as_1d("scores", self.scores, torch.float32)
-        n = self.response_lengths.numel()
+        lengths = self.response_lengths.tolist()
+        n = len(lengths)
         if n == 0:
             raise ValueError("a group needs at least one response (response_lengths is empty)")
-        if int(self.response_lengths.min()) < 0:
+        if min(lengths) < 0:
             raise ValueError("response_lengths must be non-negative")
-        total = int(self.response_lengths.sum())
+        total = sum(lengths)
         for name in ("response_ids", "response_mask", "gen_log_probs"):
             if getattr(self, name).numel() != total:
                 raise ValueError(
@@ -171,9 +197,8 @@ class ReplayGroup:
                 )
         for name in ("advantages", "correct", "scores"):
             if getattr(self, name).numel() != n:
-                raise ValueError(
-                    f"{name} must have one entry per response ({n}), got {getattr(self, name).numel()}"
-                )
+                got = getattr(self, name).numel()
+                raise ValueError(f"{name} must have one entry per response ({n}), got {got}")
         if not isinstance(self.meta, dict):
             raise ValueError(f"meta must be a dict, got {type(self.meta).__name__}")
         _check_meta(self.meta, "meta")
@@ -242,7 +267,8 @@ class ReplayGroup:
             lengths = torch.where(valid, pos, torch.zeros_like(pos)).amax(dim=1)  # [n]
         else:
             lengths = torch.as_tensor(response_lengths).cpu().to(torch.int64).reshape(-1)
-            if lengths.numel() != n or (lengths.numel() and (lengths.min() < 0 or lengths.max() > T)):
+            bad_range = lengths.numel() > 0 and (lengths.min() < 0 or lengths.max() > T)
+            if lengths.numel() != n or bad_range:
                 raise ValueError(f"response_lengths must be [n] = [{n}] values in [0, {T}]")
             beyond = valid & (torch.arange(T).expand(n, T) >= lengths[:, None])
             if bool(beyond.any()):
@@ -270,7 +296,8 @@ class ReplayGroup:
             gen_log_probs=gen_log_probs.detach().cpu().float()[keep].clone(),
             advantages=adv.float().clone(),
             correct=(corr != 0).clone(),
-            scores=(corr.float() if scores is None else torch.as_tensor(scores).detach().cpu().float().reshape(-1)).clone(),
+            scores=(corr.float() if scores is None
+                    else torch.as_tensor(scores).detach().cpu().float().reshape(-1)).clone(),
             meta=dict(meta or {}),
         )
 
@@ -357,13 +384,30 @@ class SelectionResult:
         ]
 
 
+def _num(x: float | None) -> float:
+    if x is None:
+        raise AssertionError("a scored record lacks a measured value")
+    return x
+
+
 def _mean(xs: Sequence[float]) -> float:
     return float(np.mean(xs)) if len(xs) else 0.0
 
 
 def _pct(xs: Sequence[float], q: float) -> float:
-    # linear interpolation between order statistics (numpy's default), 0.0 for an empty set
-    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if len(xs) else 0.0
+    """Percentile with linear interpolation between order statistics (numpy's default method),
+    0.0 for an empty set. Written out because numpy returns NaN as soon as an inf is involved,
+    and drift is legitimately inf for a token the current policy gives probability 0."""
+    if not len(xs):
+        return 0.0
+    v = sorted(xs)
+    pos = (len(v) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    frac = pos - lo
+    if frac == 0.0 or v[lo] == v[hi]:
+        return float(v[lo])
+    return float(v[lo] + (v[hi] - v[lo]) * frac)
 
 
 def _accepted_stats(records: Sequence[ScanRecord], k_rep: int) -> dict[str, float]:
@@ -472,8 +516,9 @@ class _FifoReplayStore:
             seen.add(id(g))
             if not self.passes_ingress(g):
                 continue
+            # the group validated its own layout at construction
             h_ref = float(headroom_flat(g.gen_log_probs, g.response_mask, g.response_lengths,
-                                        g.advantages, self.weighting))
+                                        g.advantages, self.weighting, validate=False))
             if math.isnan(h_ref):
                 raise ValueError("gen_log_probs contain NaN at valid positions; group refused")
             admitted.append((g, h_ref))
@@ -538,7 +583,8 @@ class _FifoReplayStore:
             "next_group_id": self._next_group_id,
             "next_insert_seq": self._next_insert_seq,
             "groups": {
-                "prompt_lengths": torch.tensor([g.prompt_ids.numel() for g in gs], dtype=torch.int64),
+                "prompt_lengths": torch.tensor([g.prompt_ids.numel() for g in gs],
+                                               dtype=torch.int64),
                 "group_sizes": torch.tensor([g.n for g in gs], dtype=torch.int64),
                 "prompt_ids": cat("prompt_ids", torch.int32),
                 "response_ids": cat("response_ids", torch.int32),
@@ -569,7 +615,8 @@ class _FifoReplayStore:
         if not isinstance(state, Mapping) or state.get("format") != _STATE_FORMAT:
             raise ValueError(f"not a replay buffer state (format {_STATE_FORMAT} expected)")
         if state.get("kind") != self._KIND:
-            raise ValueError(f"state was saved by {state.get('kind')!r}, cannot load into {self._KIND!r}")
+            raise ValueError(f"state was saved by {state.get('kind')!r}, "
+                             f"cannot load into {self._KIND!r}")
         saved_cfg = dict(state["config"])
         mine = self.config()
         diff = sorted(k for k in set(saved_cfg) | set(mine) if saved_cfg.get(k) != mine.get(k))
@@ -583,13 +630,19 @@ class _FifoReplayStore:
         rlen = p["response_lengths"]
         prompt_parts = torch.split(p["prompt_ids"], plen)
         resp_parts = torch.split(rlen, sizes)
-        tok_counts = [int(x.sum()) for x in resp_parts]
+        per_resp = rlen.tolist()
+        tok_counts, off = [], 0
+        for n in sizes:  # tokens per group = sum of its response lengths
+            tok_counts.append(sum(per_resp[off:off + n]))
+            off += n
         ids_parts = torch.split(p["response_ids"], tok_counts)
         mask_parts = torch.split(p["response_mask"], tok_counts)
         lp_parts = torch.split(p["gen_log_probs"], tok_counts)
         adv_parts = torch.split(p["advantages"], sizes)
         cor_parts = torch.split(p["correct"], sizes)
         sc_parts = torch.split(p["scores"], sizes)
+        scal = {k: p[k].tolist() for k in ("group_id", "birth_step", "insert_seq", "headroom_ref",
+                                           "headroom_cached", "replay_count")}
         groups: OrderedDict[int, ReplayGroup] = OrderedDict()
         for i in range(len(sizes)):
             g = ReplayGroup(
@@ -597,10 +650,9 @@ class _FifoReplayStore:
                 response_lengths=resp_parts[i].clone(), response_mask=mask_parts[i].clone(),
                 gen_log_probs=lp_parts[i].clone(), advantages=adv_parts[i].clone(),
                 correct=cor_parts[i].clone(), scores=sc_parts[i].clone(), meta=dict(p["meta"][i]),
-                group_id=int(p["group_id"][i]), birth_step=int(p["birth_step"][i]),
-                insert_seq=int(p["insert_seq"][i]), headroom_ref=float(p["headroom_ref"][i]),
-                headroom_cached=float(p["headroom_cached"][i]),
-                replay_count=int(p["replay_count"][i]),
+                group_id=scal["group_id"][i], birth_step=scal["birth_step"][i],
+                insert_seq=scal["insert_seq"][i], headroom_ref=scal["headroom_ref"][i],
+                headroom_cached=scal["headroom_cached"][i], replay_count=scal["replay_count"][i],
             )
             groups[g.group_id] = g
         while len(groups) > self.capacity:
@@ -764,7 +816,8 @@ class HeadroomDriftBuffer(_FifoReplayStore):
     def _score(self, group: ReplayGroup, log_probs: Any) -> Any:
         if not isinstance(log_probs, Tensor) or log_probs.dim() != 1 \
                 or log_probs.numel() != group.num_tokens or not log_probs.is_floating_point():
-            shape = tuple(log_probs.shape) if isinstance(log_probs, Tensor) else type(log_probs).__name__
+            shape = (tuple(log_probs.shape) if isinstance(log_probs, Tensor)
+                     else type(log_probs).__name__)
             raise ValueError(
                 f"scorer must return a 1-D float tensor of length num_tokens={group.num_tokens} "
                 f"for group {group.group_id}, got {shape}"
@@ -772,7 +825,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         try:
             return group_scores_flat(log_probs.detach().to("cpu"), group.gen_log_probs,
                                      group.response_mask, group.response_lengths, group.advantages,
-                                     self.weighting, self.drift_norm)
+                                     self.weighting, self.drift_norm, validate=False)
         except ValueError as exc:
             raise ValueError(f"scorer output for group {group.group_id}: {exc}") from None
 
@@ -791,17 +844,18 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         if not callable(scorer):
             raise ValueError("scorer must be callable: scorer(list[ReplayGroup]) -> list[Tensor]")
         candidates = len(self._groups)
-        budget = candidates if self.max_scan_groups is None else min(candidates, self.max_scan_groups)
+        budget = (candidates if self.max_scan_groups is None
+                  else min(candidates, self.max_scan_groups))
         popped: list[tuple[float, int, int, int]] = []
-        scanned: list[tuple[ReplayGroup, ScanRecord]] = []
+        records: list[ScanRecord] = []
         refreshed: dict[int, float] = {}
         accepted: list[ReplayGroup] = []
         forward_s = 0.0
         calls = 0
         done = False
         try:
-            while not done and len(scanned) < budget:
-                chunk = self._pop_live(min(self.scan_chunk_groups, budget - len(scanned)))
+            while not done and len(records) < budget:
+                chunk = self._pop_live(min(self.scan_chunk_groups, budget - len(records)))
                 popped.extend(chunk)
                 if not chunk:
                     break
@@ -811,17 +865,17 @@ class HeadroomDriftBuffer(_FifoReplayStore):
                 forward_s += time.perf_counter() - tf
                 calls += 1
                 if len(outputs) != len(groups):
-                    raise ValueError(f"scorer returned {len(outputs)} tensors for {len(groups)} groups")
+                    raise ValueError(f"scorer returned {len(outputs)} tensors "
+                                     f"for {len(groups)} groups")
                 for g, lp in zip(groups, outputs):
                     sc = self._score(g, lp)
                     ok = sc.drift <= self.tau
-                    rec = ScanRecord(
-                        group_id=g.group_id, rank=len(scanned) + 1, birth_step=g.birth_step,
+                    records.append(ScanRecord(
+                        group_id=g.group_id, rank=len(records) + 1, birth_step=g.birth_step,
                         age=step - g.birth_step, headroom_before=g.headroom_cached,
                         headroom_after=sc.headroom, drift=sc.drift, replay_kl=sc.replay_kl,
                         num_valid_tokens=sc.num_valid_tokens, accepted=ok,
-                    )
-                    scanned.append((g, rec))
+                    ))
                     refreshed[g.group_id] = sc.headroom
                     if ok:
                         accepted.append(g)
@@ -845,20 +899,19 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         for g in accepted:
             g.replay_count += 1
         self._after_mutation()
-        records = [r for _, r in scanned]
-        stats = self._stats(step, records, candidates)
+        stats = self._stats(records, candidates)
         stats["scan_forward_seconds"] = forward_s
         stats["select_seconds"] = time.perf_counter() - t0
         return SelectionResult(step=step, groups=accepted, records=records, stats=stats,
                                scorer_calls=calls, scored_groups=len(popped))
 
-    def _stats(self, step: int, records: list[ScanRecord], candidates: int) -> dict[str, float]:
+    def _stats(self, records: list[ScanRecord], candidates: int) -> dict[str, float]:
+        # every record of this buffer was scored: drift/replay_kl/headroom_after are floats
         acc = [r for r in records if r.accepted]
-        drift_s = [float(r.drift) for r in records]  # type: ignore[arg-type]
-        drift_a = [float(r.drift) for r in acc]  # type: ignore[arg-type]
+        drift_s = [_num(r.drift) for r in records]
+        drift_a = [_num(r.drift) for r in acc]
         tokens = sum(r.num_valid_tokens for r in acc)
-        kl_tok = (sum(float(r.replay_kl) * r.num_valid_tokens for r in acc) / tokens  # type: ignore[arg-type]
-                  if tokens else 0.0)
+        kl_sum = sum(_num(r.replay_kl) * r.num_valid_tokens for r in acc)
         stats: dict[str, float] = {
             "buffer_size": float(len(self._groups)),
             "candidates": float(candidates),
@@ -873,8 +926,8 @@ class HeadroomDriftBuffer(_FifoReplayStore):
             "drift_accepted/mean": _mean(drift_a),
             "drift_accepted/p50": _pct(drift_a, 50),
             "drift_accepted/p90": _pct(drift_a, 90),
-            "headroom_refreshed_accepted/mean": _mean([float(r.headroom_after) for r in acc]),  # type: ignore[arg-type]
-            "replay_kl_accepted/mean": kl_tok,
+            "headroom_refreshed_accepted/mean": _mean([_num(r.headroom_after) for r in acc]),
+            "replay_kl_accepted/mean": kl_sum / tokens if tokens else 0.0,  # token-weighted
         }
         stats.update(_accepted_stats(records, self.k_rep))
         return stats

@@ -3,27 +3,32 @@
 Two layouts are supported:
 
 * padded: ``[G, n, T]`` token tensors with a ``[G, n, T]`` response mask and ``[G, n]``
-  response-level advantages (what a verl batch looks like after grouping by uid);
+  response-level advantages (a verl batch regrouped by uid);
 * ragged ("flat"): the responses of one group concatenated without padding, ``[L]`` with
-  ``L = sum(response_lengths)``, which is how :class:`~verl_replay.headroom_drift.buffer.
-  ReplayGroup` stores them. The ``*_segments`` functions score a chunk of such groups in one
-  call with segment sums; the ``*_flat`` functions score one group.
+  ``L = sum(response_lengths)``, the layout of :class:`~verl_replay.headroom_drift.buffer.
+  ReplayGroup`. The ``*_flat`` functions score one group; the ``*_segments`` functions score a
+  chunk of concatenated groups with segment sums (``torch.segment_reduce``), no padding.
 
 Every function masks *before* any arithmetic (``torch.where`` on the inputs), so padded or
 masked positions may hold anything (inf, nan, garbage) without changing a result. Arithmetic
-runs in float64 and results are returned as float32 on the input device.
+runs in float64; results are float32 (tensors on the input device, or Python floats holding a
+float32 value for :func:`group_scores_flat`).
+
+Per token, with l clamped to <= 0 (log-probs a hair above 0 are numerical noise): 1 - p is
+computed as ``-expm1(l)`` and k3 as ``expm1(r) - r``, which stay accurate where the values
+that matter live (p close to 1, r close to 0) instead of cancelling two O(1) terms.
 
 Degenerate cases (documented choices):
 
 * a response with no valid token carries no direction and is left out of Headroom, like a
-  response with ``A_i == 0``;
+  response with ``A_i == 0`` (or NaN);
 * a group with no directional response has Headroom 0 (SPEC 1.1);
-* a group with no valid token has drift 0 and replay KL 0 (nothing to be incompatible with).
+* a group with no valid token has drift 0 and replay KL 0.
 
-Determinism: each result is a pure function of its own group's values. The buffer scores
-one group at a time through :func:`group_scores_flat`, so a group's numbers do not depend on
-which other groups shared a scan chunk (vectorised ``exp`` takes different code paths for a
-tensor's tail elements, so concatenating groups could change the last bits).
+Determinism: the ``*_flat`` functions and :func:`group_scores_flat` compute a group from its
+own tensors only, so a group's numbers never depend on which other groups were scored with it
+(vectorised ``exp`` takes a different code path for a tensor's tail elements, so scoring
+concatenated groups could change the last bits). The buffer therefore scores group by group.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -91,8 +97,8 @@ def _check_same_shape(name: str, x: Tensor, ref_name: str, ref: Tensor) -> None:
         )
 
 
-def _check_lengths(name: str, lengths: Tensor, total: int, total_name: str) -> None:
-    _check_tensor(name, lengths, 1)
+def _check_lengths(name: str, lengths: object, total: int, total_name: str) -> None:
+    lengths = _check_tensor(name, lengths, 1)
     if lengths.is_floating_point() or lengths.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer tensor, got dtype {lengths.dtype}")
     if lengths.numel() and int(lengths.min()) < 0:
@@ -103,7 +109,26 @@ def _check_lengths(name: str, lengths: Tensor, total: int, total_name: str) -> N
         )
 
 
-# --------------------------------------------------------------------------- core kernels
+def _check_flat_tokens(
+    log_probs: Tensor, response_mask: Tensor, gen_log_probs: Tensor | None = None
+) -> None:
+    _check_tensor("log_probs", log_probs, 1)
+    _check_float("log_probs", log_probs)
+    _check_tensor("response_mask", response_mask, 1)
+    _check_same_shape("response_mask", response_mask, "log_probs", log_probs)
+    if gen_log_probs is not None:
+        _check_tensor("gen_log_probs", gen_log_probs, 1)
+        _check_float("gen_log_probs", gen_log_probs)
+        _check_same_shape("gen_log_probs", gen_log_probs, "log_probs", log_probs)
+
+
+def _check_advantages_1d(advantages: object, n: int) -> None:
+    adv = _check_tensor("advantages", advantages, 1)
+    if adv.numel() != n:
+        raise ValueError(f"advantages must have one entry per response ({n}), got {adv.numel()}")
+
+
+# --------------------------------------------------------------------------- token kernels
 
 
 def _valid(mask: Tensor) -> Tensor:
@@ -111,32 +136,45 @@ def _valid(mask: Tensor) -> Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
-def _token_headroom(log_probs: Tensor, valid: Tensor, token_adv: Tensor) -> Tensor:
-    """Per-token h in float64, 0 where invalid or where the response has no direction.
-
-    ``log_probs`` values at invalid positions never reach ``exp`` (masked first). p is
-    clamped to [0, 1] so that numerically positive log-probs cannot push h out of [0, 1].
-    """
-    lp = torch.where(valid, log_probs.to(_WORK), torch.zeros((), dtype=_WORK, device=valid.device))
-    p = torch.exp(lp).clamp_(0.0, 1.0)
-    h = torch.where(token_adv > 0, 1.0 - p, torch.where(token_adv < 0, p, torch.zeros_like(p)))
-    return torch.where(valid, h, torch.zeros_like(h))
+def _masked_log_probs(log_probs: Tensor, valid: Tensor) -> Tensor:
+    """float64 l, 0 at invalid positions (before any arithmetic), clamped to <= 0."""
+    return torch.where(valid, log_probs.to(_WORK), 0.0).clamp_(max=0.0)
 
 
-def _combine_headroom(
-    h_sum: Tensor, count: Tensor, adv: Tensor, weighting: str
+def _token_p_q(log_probs: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """(p, 1 - p) per token in float64, both 0 at invalid positions."""
+    lp = _masked_log_probs(log_probs, valid)
+    p = torch.exp(lp).mul_(valid)  # exp(0) = 1 at invalid positions -> zeroed
+    q = torch.expm1(lp).neg_()  # expm1(0) = 0 at invalid positions already
+    return p, q
+
+
+def _log_ratio(log_probs: Tensor, gen_log_probs: Tensor, valid: Tensor) -> Tensor:
+    """r = l_theta - l_gen in float64, 0 at invalid positions (garbage never propagates)."""
+    lt = torch.where(valid, log_probs.to(_WORK), 0.0)
+    lg = torch.where(valid, gen_log_probs.to(_WORK), 0.0)
+    return lt.sub_(lg)
+
+
+def _k3(r: Tensor) -> Tensor:
+    return torch.expm1(r).sub_(r)
+
+
+# --------------------------------------------------------------------------- response combine
+
+
+def _combine_responses(
+    sum_p: Tensor, sum_q: Tensor, count: Tensor, adv: Tensor, weighting: str
 ) -> tuple[Tensor, Tensor]:
-    """Per-response weighted numerators/weights: (w_i * mean_t h_i, w_i), both float64 [R].
+    """Per-response (w_i * mean_t h_i, w_i) in float64, vectorised over any shape.
 
-    Responses with A_i == 0 (or NaN) or without valid tokens get weight 0.
+    h = 1 - p for A > 0 and p for A < 0; responses with A == 0 / NaN or no valid token get 0.
     """
     adv = adv.to(_WORK)
-    directional = ((adv > 0) | (adv < 0)) & (count > 0)
-    if weighting == "sign":
-        w = directional.to(_WORK)
-    else:
-        w = torch.where(directional, adv.abs(), torch.zeros_like(adv))
-    mean_h = h_sum / count.clamp(min=1).to(_WORK)
+    pos, neg = adv > 0, adv < 0
+    directional = (pos | neg) & (count > 0)
+    w = directional.to(_WORK) if weighting == "sign" else torch.where(directional, adv.abs(), 0.0)
+    mean_h = torch.where(pos, sum_q, sum_p) / count.to(_WORK).clamp(min=1.0)
     return w * mean_h, w
 
 
@@ -145,37 +183,11 @@ def _ratio_or_zero(num: Tensor, den: Tensor) -> Tensor:
     return torch.where(den > 0, num / safe, torch.zeros_like(num))
 
 
-def _log_ratio(log_probs: Tensor, gen_log_probs: Tensor, valid: Tensor) -> Tensor:
-    """r = l_theta - l_gen in float64 with 0 at invalid positions (masked before subtracting)."""
-    zero = torch.zeros((), dtype=_WORK, device=valid.device)
-    lt = torch.where(valid, log_probs.to(_WORK), zero)
-    lg = torch.where(valid, gen_log_probs.to(_WORK), zero)
-    return lt - lg
-
-
 def _drift_from_sums(sq_sum: Tensor, abs_sum: Tensor, count: Tensor, norm: str) -> Tensor:
+    count = count.to(_WORK)
     if norm == "l2":
-        return torch.sqrt(_ratio_or_zero(sq_sum, count.to(_WORK)))
-    return _ratio_or_zero(abs_sum, count.to(_WORK))
-
-
-def _k3(r: Tensor) -> Tensor:
-    # exp(r) - 1 - r computed as expm1(r) - r: exact near r = 0 where the replay KL of a
-    # "moderate" gate lives (~1e-3), instead of cancelling two O(1) terms.
-    return torch.expm1(r) - r
-
-
-def _segment_sum(values: Tensor, seg_ids: Tensor, num_segments: int) -> Tensor:
-    out = torch.zeros(num_segments, dtype=values.dtype, device=values.device)
-    return out.index_add_(0, seg_ids, values)
-
-
-def _segment_ids(lengths: Tensor, device: torch.device) -> Tensor:
-    lengths = lengths.to(device=device, dtype=torch.long)
-    total = int(lengths.sum())  # known size: no second pass inside repeat_interleave
-    return torch.repeat_interleave(
-        torch.arange(lengths.numel(), device=device), lengths, output_size=total
-    )
+        return torch.sqrt(_ratio_or_zero(sq_sum, count))
+    return _ratio_or_zero(abs_sum, count)
 
 
 # --------------------------------------------------------------------------- padded API
@@ -183,7 +195,7 @@ def _segment_ids(lengths: Tensor, device: torch.device) -> Tensor:
 
 def headroom(
     log_probs: Tensor,  # [G, n, T] log-probs of the stored tokens under some policy
-    response_mask: Tensor,  # [G, n, T] 1 = valid response token
+    response_mask: Tensor,  # [G, n, T] non-zero = valid response token
     advantages: Tensor,  # [G, n] response-level advantages A_i
     weighting: str = "sign",
 ) -> Tensor:  # [G] float32, in [0, 1]
@@ -205,18 +217,17 @@ def headroom(
             f"got {tuple(advantages.shape)}"
         )
     valid = _valid(response_mask)
-    adv = advantages.to(device=log_probs.device, dtype=_WORK)
-    h = _token_headroom(log_probs, valid, adv.unsqueeze(-1))  # [G, n, T]
-    h_sum = h.sum(dim=-1)  # [G, n]
-    count = valid.sum(dim=-1)  # [G, n]
-    num, w = _combine_headroom(h_sum, count, adv, weighting)  # [G, n]
-    return _ratio_or_zero(num.sum(dim=-1), w.sum(dim=-1)).to(_OUT)
+    p, q = _token_p_q(log_probs, valid)  # [G, n, T]
+    num, w = _combine_responses(  # [G, n]
+        p.sum(-1), q.sum(-1), valid.sum(-1), advantages.to(log_probs.device), weighting
+    )
+    return _ratio_or_zero(num.sum(-1), w.sum(-1)).to(_OUT)
 
 
-def _padded_drift_sums(
+def _padded_log_ratio(
     log_probs: Tensor, gen_log_probs: Tensor, response_mask: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """(r [G, n*T] with zeros at invalid positions, valid count [G])."""
+    """(r [G, n*T] float64 with 0 at invalid positions, valid count [G])."""
     _check_tensor("log_probs", log_probs, 3)
     _check_float("log_probs", log_probs)
     _check_tensor("gen_log_probs", gen_log_probs, 3)
@@ -226,7 +237,7 @@ def _padded_drift_sums(
     _check_same_shape("response_mask", response_mask, "log_probs", log_probs)
     valid = _valid(response_mask).flatten(1)  # [G, n*T]
     r = _log_ratio(log_probs.flatten(1), gen_log_probs.flatten(1), valid)
-    return r, valid.sum(dim=-1)
+    return r, valid.sum(-1)
 
 
 def policy_drift(
@@ -240,7 +251,7 @@ def policy_drift(
     ``l2``: sqrt(mean r^2); ``l1``: mean |r|; r = l_theta - l_gen. 0 for a group without tokens.
     """
     _check_norm(norm)
-    r, count = _padded_drift_sums(log_probs, gen_log_probs, response_mask)
+    r, count = _padded_log_ratio(log_probs, gen_log_probs, response_mask)
     return _drift_from_sums((r * r).sum(-1), r.abs().sum(-1), count, norm).to(_OUT)
 
 
@@ -250,25 +261,18 @@ def replay_kl(
     response_mask: Tensor,  # [G, n, T]
 ) -> Tensor:  # [G] float32, >= 0
     """k3 = exp(r) - 1 - r averaged over each group's valid tokens (estimates KL(gen || theta))."""
-    r, count = _padded_drift_sums(log_probs, gen_log_probs, response_mask)
-    k3 = _k3(r)  # 0 at invalid positions since r = 0 there
-    return _ratio_or_zero(k3.sum(-1), count.to(_WORK)).to(_OUT)
+    r, count = _padded_log_ratio(log_probs, gen_log_probs, response_mask)
+    return _ratio_or_zero(_k3(r).sum(-1), count.to(_WORK)).to(_OUT)
 
 
-# --------------------------------------------------------------------------- ragged API
+# --------------------------------------------------------------------------- segments API
 
 
-def _check_flat_tokens(
-    log_probs: Tensor, response_mask: Tensor, gen_log_probs: Tensor | None = None
-) -> None:
-    _check_tensor("log_probs", log_probs, 1)
-    _check_float("log_probs", log_probs)
-    _check_tensor("response_mask", response_mask, 1)
-    _check_same_shape("response_mask", response_mask, "log_probs", log_probs)
-    if gen_log_probs is not None:
-        _check_tensor("gen_log_probs", gen_log_probs, 1)
-        _check_float("gen_log_probs", gen_log_probs)
-        _check_same_shape("gen_log_probs", gen_log_probs, "log_probs", log_probs)
+def _seg_sum(values: Tensor, lengths: Tensor) -> Tensor:
+    """Sum of consecutive segments of ``values`` (empty segments give 0)."""
+    return torch.segment_reduce(
+        values, "sum", lengths=lengths.to(device=values.device, dtype=torch.long)
+    )
 
 
 def headroom_segments(
@@ -283,45 +287,27 @@ def headroom_segments(
     _check_weighting(weighting)
     _check_flat_tokens(log_probs, response_mask)
     _check_lengths("response_lengths", response_lengths, log_probs.numel(), "log_probs")
-    _check_tensor("advantages", advantages, 1)
-    if advantages.numel() != response_lengths.numel():
-        raise ValueError(
-            f"advantages must have one entry per response ({response_lengths.numel()}), "
-            f"got {advantages.numel()}"
-        )
+    _check_advantages_1d(advantages, response_lengths.numel())
     _check_lengths("group_sizes", group_sizes, response_lengths.numel(), "response_lengths")
-    device = log_probs.device
-    num_resp = response_lengths.numel()
-    tok_resp = _segment_ids(response_lengths, device)  # [L] response index of each token
     valid = _valid(response_mask)
-    adv = advantages.to(device=device, dtype=_WORK)  # [R]
-    h = _token_headroom(log_probs, valid, adv[tok_resp])  # [L]
-    h_sum = _segment_sum(h, tok_resp, num_resp)  # [R]
-    count = _segment_sum(valid.to(_WORK), tok_resp, num_resp)  # [R]
-    num, w = _combine_headroom(h_sum, count, adv, weighting)  # [R]
-    resp_group = _segment_ids(group_sizes, device)  # [R]
-    num_groups = group_sizes.numel()
-    g_num = _segment_sum(num, resp_group, num_groups)
-    g_w = _segment_sum(w, resp_group, num_groups)
-    return _ratio_or_zero(g_num, g_w).to(_OUT)
+    p, q = _token_p_q(log_probs, valid)  # [L]
+    count = _seg_sum(valid.to(_WORK), response_lengths)  # [R]
+    num, w = _combine_responses(  # [R]
+        _seg_sum(p, response_lengths), _seg_sum(q, response_lengths), count,
+        advantages.to(log_probs.device), weighting,
+    )
+    return _ratio_or_zero(_seg_sum(num, group_sizes), _seg_sum(w, group_sizes)).to(_OUT)
 
 
-def _segment_drift_sums(
+def _segment_log_ratio(
     log_probs: Tensor, gen_log_probs: Tensor, response_mask: Tensor, group_token_counts: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Per group float64 sums (r^2, |r|, k3, valid count) and the token->group ids."""
+) -> tuple[Tensor, Tensor]:
+    """(r [L] float64, valid count per group [G] float64)."""
     _check_flat_tokens(log_probs, response_mask, gen_log_probs)
     _check_lengths("group_token_counts", group_token_counts, log_probs.numel(), "log_probs")
-    device = log_probs.device
-    num_groups = group_token_counts.numel()
-    tok_group = _segment_ids(group_token_counts, device)  # [L]
     valid = _valid(response_mask)
-    r = _log_ratio(log_probs, gen_log_probs, valid)  # [L], 0 where invalid
-    sq = _segment_sum(r * r, tok_group, num_groups)
-    ab = _segment_sum(r.abs(), tok_group, num_groups)
-    k3 = _segment_sum(_k3(r), tok_group, num_groups)
-    count = _segment_sum(valid.to(_WORK), tok_group, num_groups)
-    return sq, ab, k3, count, tok_group
+    r = _log_ratio(log_probs, gen_log_probs, valid)
+    return r, _seg_sum(valid.to(_WORK), group_token_counts)
 
 
 def policy_drift_segments(
@@ -333,9 +319,9 @@ def policy_drift_segments(
 ) -> Tensor:  # [G] float32
     """Policy Drift of a chunk of ragged groups via segment sums."""
     _check_norm(norm)
-    sq, ab, _, count, _ = _segment_drift_sums(
-        log_probs, gen_log_probs, response_mask, group_token_counts
-    )
+    r, count = _segment_log_ratio(log_probs, gen_log_probs, response_mask, group_token_counts)
+    sq = _seg_sum(r * r, group_token_counts)
+    ab = _seg_sum(r.abs(), group_token_counts)
     return _drift_from_sums(sq, ab, count, norm).to(_OUT)
 
 
@@ -346,46 +332,48 @@ def replay_kl_segments(
     group_token_counts: Tensor,  # [G], sum = L
 ) -> Tensor:  # [G] float32
     """Replay KL (k3 token mean) of a chunk of ragged groups via segment sums."""
-    _, _, k3, count, _ = _segment_drift_sums(
-        log_probs, gen_log_probs, response_mask, group_token_counts
-    )
-    return _ratio_or_zero(k3, count).to(_OUT)
+    r, count = _segment_log_ratio(log_probs, gen_log_probs, response_mask, group_token_counts)
+    return _ratio_or_zero(_seg_sum(_k3(r), group_token_counts), count).to(_OUT)
 
 
-def _flat_response_headroom(
-    log_probs: Tensor, response_mask: Tensor, response_lengths: Tensor, advantages: Tensor,
-    weighting: str,
-) -> Tensor:
-    """Headroom of one ragged group as a float64 0-d tensor (shared by the flat functions)."""
-    _check_weighting(weighting)
-    _check_flat_tokens(log_probs, response_mask)
-    _check_lengths("response_lengths", response_lengths, log_probs.numel(), "log_probs")
-    _check_tensor("advantages", advantages, 1)
-    if advantages.numel() != response_lengths.numel():
-        raise ValueError(
-            f"advantages must have one entry per response ({response_lengths.numel()}), "
-            f"got {advantages.numel()}"
-        )
-    device = log_probs.device
-    num_resp = response_lengths.numel()
-    tok_resp = _segment_ids(response_lengths, device)  # [L]
-    valid = _valid(response_mask)
-    adv = advantages.to(device=device, dtype=_WORK)  # [n]
-    h = _token_headroom(log_probs, valid, adv[tok_resp])  # [L]
-    h_sum = _segment_sum(h, tok_resp, num_resp)  # [n]
-    count = _segment_sum(valid.to(_WORK), tok_resp, num_resp)  # [n]
-    num, w = _combine_headroom(h_sum, count, adv, weighting)  # [n]
-    return _ratio_or_zero(num.sum(), w.sum())
+# --------------------------------------------------------------------------- one group
 
 
-def _flat_drift_sums(
-    log_probs: Tensor, gen_log_probs: Tensor, response_mask: Tensor
-) -> tuple[Tensor, Tensor]:
-    """(r [L] float64 with 0 at invalid positions, valid token count as float64 0-d)."""
-    _check_flat_tokens(log_probs, response_mask, gen_log_probs)
-    valid = _valid(response_mask)
+def _f32(x: float) -> float:
+    """Round a Python float to the nearest float32 value (the public result precision)."""
+    return float(np.float32(x))
+
+
+def _headroom_one(
+    log_probs: Tensor, valid: Tensor, lengths: Tensor, adv: Tensor, weighting: str
+) -> float:
+    """Headroom of one validated ragged group as a float32-valued Python float.
+
+    The n-sized combine runs in Python (n is small): fewer tiny tensor ops on the hot path.
+    """
+    p, q = _token_p_q(log_probs, valid)  # [L]
+    sums = torch.stack([_seg_sum(p, lengths), _seg_sum(q, lengths),
+                        _seg_sum(valid.to(_WORK), lengths)]).tolist()  # 3 x [n]
+    num = den = 0.0
+    for sp, sq, c, a in zip(*sums, adv.tolist()):
+        if c > 0 and (a > 0 or a < 0):  # directional response with valid tokens (NaN: no)
+            w = 1.0 if weighting == "sign" else abs(a)
+            num += w * ((sq if a > 0 else sp) / c)
+            den += w
+    return _f32(num / den) if den > 0 else 0.0
+
+
+def _drift_kl_one(
+    log_probs: Tensor, gen_log_probs: Tensor, valid: Tensor, norm: str
+) -> tuple[float, float, int]:
+    """(drift, replay KL, valid tokens) of one validated ragged group."""
     r = _log_ratio(log_probs, gen_log_probs, valid)
-    return r, valid.sum().to(_WORK)
+    agg = (r * r) if norm == "l2" else r.abs()
+    s_agg, s_k3, count = torch.stack([agg.sum(), _k3(r).sum(), valid.sum().to(_WORK)]).tolist()
+    if count == 0:
+        return 0.0, 0.0, 0
+    drift = math.sqrt(s_agg / count) if norm == "l2" else s_agg / count
+    return _f32(drift), _f32(s_k3 / count), int(count)
 
 
 def headroom_flat(
@@ -394,11 +382,17 @@ def headroom_flat(
     response_lengths: Tensor,  # [n], sum = L
     advantages: Tensor,  # [n]
     weighting: str = "sign",
+    *,
+    validate: bool = True,
 ) -> Tensor:  # [] float32
-    """Headroom of one ragged group (0-d tensor)."""
-    return _flat_response_headroom(
-        log_probs, response_mask, response_lengths, advantages, weighting
-    ).to(_OUT)
+    """Headroom of one ragged group (0-d tensor); ``validate=False`` skips the shape checks."""
+    _check_weighting(weighting)
+    if validate:
+        _check_flat_tokens(log_probs, response_mask)
+        _check_lengths("response_lengths", response_lengths, log_probs.numel(), "log_probs")
+        _check_advantages_1d(advantages, response_lengths.numel())
+    h = _headroom_one(log_probs, _valid(response_mask), response_lengths, advantages, weighting)
+    return torch.tensor(h, dtype=_OUT, device=log_probs.device)
 
 
 def policy_drift_flat(
@@ -409,8 +403,9 @@ def policy_drift_flat(
 ) -> Tensor:  # [] float32
     """Policy Drift of one ragged group (0-d tensor)."""
     _check_norm(norm)
-    r, count = _flat_drift_sums(log_probs, gen_log_probs, response_mask)
-    return _drift_from_sums((r * r).sum(), r.abs().sum(), count, norm).to(_OUT)
+    _check_flat_tokens(log_probs, response_mask, gen_log_probs)
+    d, _, _ = _drift_kl_one(log_probs, gen_log_probs, _valid(response_mask), norm)
+    return torch.tensor(d, dtype=_OUT, device=log_probs.device)
 
 
 def replay_kl_flat(
@@ -419,16 +414,17 @@ def replay_kl_flat(
     response_mask: Tensor,  # [L]
 ) -> Tensor:  # [] float32
     """Replay KL of one ragged group (0-d tensor)."""
-    r, count = _flat_drift_sums(log_probs, gen_log_probs, response_mask)
-    return _ratio_or_zero(_k3(r).sum(), count).to(_OUT)
+    _check_flat_tokens(log_probs, response_mask, gen_log_probs)
+    _, kl, _ = _drift_kl_one(log_probs, gen_log_probs, _valid(response_mask), "l2")
+    return torch.tensor(kl, dtype=_OUT, device=log_probs.device)
 
 
 @dataclass(frozen=True)
 class GroupScores:
-    """Everything a scan needs about one group, as Python floats (float32-rounded)."""
+    """Everything a scan needs about one group, as Python floats holding float32 values."""
 
     headroom: float  # H(g; l_theta)
-    drift: float  # D(g) under the chosen norm
+    drift: float  # D(g) under the chosen norm (may be inf for a -inf log-prob)
     replay_kl: float  # k3 mean over valid tokens
     num_valid_tokens: int  # N_g
 
@@ -441,23 +437,25 @@ def group_scores_flat(
     advantages: Tensor,  # [n]
     weighting: str = "sign",
     norm: str = "l2",
+    *,
+    validate: bool = True,
 ) -> GroupScores:
     """Headroom, drift and replay KL of one ragged group in one pass.
 
-    Returns exactly the values of :func:`headroom_flat`, :func:`policy_drift_flat` and
-    :func:`replay_kl_flat` (same kernels, same shapes), so callers may mix them.
+    Bit-identical to :func:`headroom_flat`, :func:`policy_drift_flat` and
+    :func:`replay_kl_flat` (same kernels). ``validate=False`` skips the shape checks for
+    callers that already guarantee them (the buffer: ReplayGroup validates its own layout and
+    the scorer output length is checked). NaN at a valid position raises ValueError.
     """
+    _check_weighting(weighting)
     _check_norm(norm)
-    h = headroom_flat(log_probs, response_mask, response_lengths, advantages, weighting)
-    r, count = _flat_drift_sums(log_probs, gen_log_probs, response_mask)
-    drift = _drift_from_sums((r * r).sum(), r.abs().sum(), count, norm).to(_OUT)
-    kl = _ratio_or_zero(_k3(r).sum(), count).to(_OUT)
-    h_val = float(h)
-    if math.isnan(h_val):
+    if validate:
+        _check_flat_tokens(log_probs, response_mask, gen_log_probs)
+        _check_lengths("response_lengths", response_lengths, log_probs.numel(), "log_probs")
+        _check_advantages_1d(advantages, response_lengths.numel())
+    valid = _valid(response_mask)
+    h = _headroom_one(log_probs, valid, response_lengths, advantages, weighting)
+    drift, kl, count = _drift_kl_one(log_probs, gen_log_probs, valid, norm)
+    if math.isnan(h) or math.isnan(drift):
         raise ValueError("log_probs contain NaN at valid response positions")
-    return GroupScores(
-        headroom=h_val,
-        drift=float(drift),
-        replay_kl=float(kl),
-        num_valid_tokens=int(count),
-    )
+    return GroupScores(headroom=h, drift=drift, replay_kl=kl, num_valid_tokens=count)

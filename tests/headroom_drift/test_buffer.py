@@ -1,0 +1,570 @@
+"""HeadroomDriftBuffer / NaiveReplayBuffer: SPEC 1.3-1.5 against a brute-force reference."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.testing import assert_close
+
+from verl_replay.headroom_drift.buffer import (
+    HeadroomDriftBuffer,
+    NaiveReplayBuffer,
+    ReplayGroup,
+    SelectionResult,
+)
+from verl_replay.headroom_drift.scores import (
+    headroom_flat,
+    policy_drift_flat,
+    replay_kl_flat,
+)
+
+TIMING_KEYS = {"select_seconds", "scan_forward_seconds"}
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+@dataclass
+class RefItem:
+    gid: int
+    seq: int
+    birth: int
+    cached: float
+    replays: int
+    group: ReplayGroup  # only its immutable tensors are read
+
+
+class ReferenceBuffer:
+    """Brute force: a plain FIFO list, a full sort per step, one scorer call per group."""
+
+    def __init__(self, *, capacity, k_rep, tau, weighting="sign", drift_norm="l2",
+                 max_scan_groups=None, ingress="answer_disagree"):
+        self.capacity, self.k_rep, self.tau = capacity, k_rep, tau
+        self.weighting, self.norm, self.max_scan, self.ingress = (
+            weighting, drift_norm, max_scan_groups, ingress)
+        self.items: list[RefItem] = []
+        self.next_id = 0
+
+    def passes(self, g: ReplayGroup) -> bool:
+        if self.ingress == "answer_disagree":
+            return 0 < int(g.correct.sum()) < g.n
+        return bool((g.advantages != 0).any())
+
+    def admit(self, groups, step):
+        evicted = []
+        for g in groups:
+            if not self.passes(g):
+                continue
+            h = float(headroom_flat(g.gen_log_probs, g.response_mask, g.response_lengths,
+                                    g.advantages, self.weighting))
+            self.items.append(RefItem(self.next_id, self.next_id, step, h, 0, g))
+            self.next_id += 1
+        while len(self.items) > self.capacity:
+            evicted.append(self.items.pop(0).gid)
+        return evicted
+
+    def select(self, step, one_scorer):
+        order = sorted(self.items, key=lambda it: (-it.cached, -it.birth, it.seq))
+        if self.max_scan is not None:
+            order = order[: self.max_scan]
+        scanned, accepted = [], []
+        for it in order:
+            if len(accepted) >= self.k_rep:
+                break
+            g = it.group
+            lp = one_scorer(it.gid, g)
+            d = float(policy_drift_flat(lp, g.gen_log_probs, g.response_mask, self.norm))
+            h = float(headroom_flat(lp, g.response_mask, g.response_lengths, g.advantages,
+                                    self.weighting))
+            kl = float(replay_kl_flat(lp, g.gen_log_probs, g.response_mask))
+            scanned.append((it.gid, d, h, kl, it.cached))
+            it.cached = h
+            if d <= self.tau:
+                accepted.append(it.gid)
+                it.replays += 1
+        return accepted, scanned
+
+
+def ref_one_scorer(synth, step):
+    sc = synth.SynthScorer(step)
+
+    def one(gid, g):
+        # SynthScorer keys on group_id: give it a view carrying the reference's id
+        proxy = type("P", (), {"group_id": gid, "num_tokens": g.num_tokens,
+                               "gen_log_probs": g.gen_log_probs})()
+        return sc.one(proxy)
+
+    return one
+
+
+def _stats_wo_timing(res: SelectionResult) -> dict:
+    return {k: v for k, v in res.stats.items() if k not in TIMING_KEYS}
+
+
+def _caches(buf) -> dict[int, float]:
+    return {g.group_id: g.headroom_cached for g in buf}
+
+
+# ----------------------------------------------------------------------------- basics
+
+
+def test_constructor_validation():
+    ok = dict(capacity=4, k_rep=2, tau=0.1, scan_chunk_groups=2)
+    HeadroomDriftBuffer(**ok)
+    for key, bad in [("capacity", 0), ("k_rep", 0), ("tau", -1.0), ("tau", float("nan")),
+                     ("scan_chunk_groups", 0), ("max_scan_groups", 0), ("weighting", "abs"),
+                     ("drift_norm", "linf"), ("ingress", "score_positive"), ("capacity", 2.5)]:
+        with pytest.raises(ValueError, match=key):
+            HeadroomDriftBuffer(**{**ok, key: bad})
+    with pytest.raises(TypeError):
+        HeadroomDriftBuffer(4, 2, 0.1, scan_chunk_groups=2)  # keyword-only
+    with pytest.raises(ValueError, match="capacity"):
+        NaiveReplayBuffer(capacity=0, k_rep=1)
+
+
+def test_replay_group_validation():
+    base = dict(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([5, 6, 7]),
+                response_lengths=torch.tensor([2, 1]), response_mask=torch.tensor([1, 1, 0]),
+                gen_log_probs=torch.tensor([-0.1, -0.2, -0.3]),
+                advantages=torch.tensor([1.0, -1.0]),
+                correct=torch.tensor([1, 0]), scores=torch.tensor([1.0, 0.0]))
+    g = ReplayGroup(**base)
+    assert g.response_ids.dtype == torch.int32 and g.response_mask.dtype == torch.bool
+    assert (g.n, g.num_tokens, g.num_valid_tokens, g.num_correct) == (2, 3, 2, 1)
+    with pytest.raises(ValueError, match="response_ids"):
+        ReplayGroup(**{**base, "response_ids": torch.tensor([5, 6])})
+    with pytest.raises(ValueError, match="advantages"):
+        ReplayGroup(**{**base, "advantages": torch.tensor([1.0])})
+    with pytest.raises(ValueError, match="gen_log_probs"):
+        ReplayGroup(**{**base, "gen_log_probs": torch.tensor([0, 0, 0])})
+    with pytest.raises(ValueError, match="meta"):
+        ReplayGroup(**base, meta={"x": object()})
+
+
+def test_from_padded_to_padded_roundtrip_with_tool_tokens():
+    # response 0: 4 tokens with a masked tool token inside; response 1: 2 tokens
+    ids = torch.tensor([[11, 12, 13, 14, 0], [21, 22, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 0, 1, 0], [1, 1, 0, 0, 0]])
+    lp = torch.tensor([[-0.1, -0.2, -0.3, -0.4, 9.0], [-0.5, -0.6, 9.0, 9.0, 9.0]])
+    tok_adv = torch.tensor([[0.7] * 5, [-0.7] * 5]) * mask
+    g = ReplayGroup.from_padded(
+        prompt_ids=torch.tensor([0, 0, 3, 4]), prompt_mask=torch.tensor([0, 0, 1, 1]),
+        response_ids=ids, response_mask=mask, gen_log_probs=lp, advantages=tok_adv,
+        correct=torch.tensor([1, 0]), meta={"data_source": "toy"})
+    assert g.response_lengths.tolist() == [4, 2]
+    assert g.response_ids.tolist() == [11, 12, 13, 14, 21, 22]
+    assert g.response_mask.tolist() == [True, True, False, True, True, True]
+    assert_close(g.advantages, torch.tensor([0.7, -0.7]))
+    assert g.prompt_ids.tolist() == [3, 4]
+    assert_close(g.scores, torch.tensor([1.0, 0.0]))
+    out = g.to_padded(pad_to=5)
+    assert out["response_ids"].shape == (2, 5)
+    assert torch.equal(out["response_ids"], ids)
+    assert torch.equal(out["response_mask"], mask.bool())
+    assert_close(out["gen_log_probs"], torch.where(out["attention_mask"].bool(), lp, 0.0))
+    assert_close(out["token_advantages"], tok_adv)
+    assert out["attention_mask"].tolist() == [[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]]
+    with pytest.raises(ValueError, match="pad_to"):
+        g.to_padded(pad_to=3)
+    # explicit lengths keep trailing masked tokens; mask beyond a length is refused
+    g2 = ReplayGroup.from_padded(prompt_ids=torch.tensor([3]), response_ids=ids, response_mask=mask,
+                                 gen_log_probs=lp, advantages=torch.tensor([0.7, -0.7]),
+                                 correct=torch.tensor([1, 0]),
+                                 response_lengths=torch.tensor([5, 3]))
+    assert g2.num_tokens == 8
+    h = lambda x: headroom_flat(x.gen_log_probs, x.response_mask, x.response_lengths,  # noqa: E731
+                                x.advantages)
+    assert_close(h(g2), h(g))
+    with pytest.raises(ValueError, match="beyond response_lengths"):
+        ReplayGroup.from_padded(prompt_ids=torch.tensor([3]), response_ids=ids, response_mask=mask,
+                                gen_log_probs=lp, advantages=torch.tensor([0.7, -0.7]),
+                                correct=torch.tensor([1, 0]), response_lengths=torch.tensor([2, 2]))
+    # from_padded copies: changing the source leaves the group alone
+    lp[0, 0] = -5.0
+    assert g.gen_log_probs[0].item() == pytest.approx(-0.1)
+
+
+def _group(correct, adv, lp=(-0.5, -1.0)):
+    n = len(correct)
+    return ReplayGroup(prompt_ids=torch.tensor([1]), response_ids=torch.arange(2 * n),
+                       response_lengths=torch.full((n,), 2),
+                       response_mask=torch.ones(2 * n, dtype=torch.bool),
+                       gen_log_probs=torch.tensor(list(lp) * n), advantages=torch.tensor(adv),
+                       correct=torch.tensor(correct), scores=torch.tensor(adv))
+
+
+def test_ingress_criteria():
+    buf = HeadroomDriftBuffer(capacity=10, k_rep=1, tau=1.0, scan_chunk_groups=1)
+    out = buf.admit([_group([1, 1], [0.5, 0.5]), _group([0, 0], [1.0, -1.0]),
+                     _group([1, 0], [0.0, 0.0]), _group([0, 1], [-1.0, 1.0])], step=3)
+    # answer_disagree: only mixed-correctness groups, whatever their advantages
+    assert (out["ingress"], out["rejected_ingress"], out["evicted"]) == (2, 2, 0)
+    assert [g.birth_step for g in buf] == [3, 3]
+    buf2 = HeadroomDriftBuffer(capacity=10, k_rep=1, tau=1.0, scan_chunk_groups=1,
+                               ingress="nonzero_advantage")
+    out2 = buf2.admit([_group([1, 1], [0.5, 0.5]), _group([0, 0], [1.0, -1.0]),
+                       _group([1, 0], [0.0, 0.0])], step=0)
+    assert (out2["ingress"], out2["rejected_ingress"]) == (2, 1)
+    ev = [e for e in out2["events"] if e["event"] == "ingress"]
+    assert [e["group_id"] for e in ev] == [0, 1] and ev[0]["num_correct"] == 2 and ev[0]["n"] == 2
+    # H_ref: all A > 0, p = (e^-0.5, e^-1) -> mean(1 - p)
+    h = ((1 - math.exp(-0.5)) + (1 - math.exp(-1.0))) / 2
+    assert ev[0]["initial_headroom"] == pytest.approx(h, rel=1e-6)
+    assert buf2.groups_by_id[0].headroom_ref == buf2.groups_by_id[0].headroom_cached
+    with pytest.raises(ValueError, match="already admitted"):
+        buf2.admit([buf2.groups_by_id[0]], step=1)
+
+
+def test_fifo_eviction_and_iteration(synth):
+    buf = HeadroomDriftBuffer(capacity=3, k_rep=1, tau=1.0, scan_chunk_groups=2,
+                              ingress="nonzero_advantage")
+    out = buf.admit([_group([1, 0], [1.0, -1.0]) for _ in range(5)], step=0)
+    assert out["evicted"] == 2
+    assert [g.group_id for g in buf] == [2, 3, 4] and len(buf) == 3
+    assert [e["group_id"] for e in out["events"] if e["event"] == "evict"] == [0, 1]
+    assert 0 not in buf and 4 in buf and buf.groups_by_id[3].group_id == 3
+    with pytest.raises(TypeError):
+        buf.groups_by_id[9] = None  # read-only view
+
+
+def test_tie_break_newer_birth_first_then_insertion_order():
+    buf = HeadroomDriftBuffer(capacity=10, k_rep=4, tau=math.inf, scan_chunk_groups=2)
+    same = lambda: _group([1, 0], [1.0, -1.0])  # identical content -> identical Headroom
+    buf.admit([same(), same()], step=0)  # ids 0, 1
+    buf.admit([same(), same()], step=1)  # ids 2, 3
+    res = buf.select(2, lambda gs: [g.gen_log_probs.clone() for g in gs])  # drift 0
+    assert res.accepted_ids == [2, 3, 0, 1]
+    assert [r.rank for r in res.records] == [1, 2, 3, 4]
+    assert all(r.drift == 0.0 for r in res.records)
+
+
+def test_selection_hand_example_gate_and_refresh():
+    # three groups; scorer lowers the Headroom of the best one and makes group 1 drift
+    buf = HeadroomDriftBuffer(capacity=10, k_rep=1, tau=0.15, scan_chunk_groups=5)
+    g_hi = _group([1, 0], [1.0, 1.0], lp=(-3.0, -3.0))  # H_ref = 1 - e^-3 = 0.950
+    g_mid = _group([1, 0], [1.0, 1.0], lp=(-1.0, -1.0))  # 0.632
+    g_lo = _group([1, 0], [1.0, 1.0], lp=(-0.1, -0.1))  # 0.095
+    buf.admit([g_lo, g_hi, g_mid], step=0)
+
+    def scorer(gs):
+        # g_hi: every token +0.2 -> drift 0.2 > tau (rejected, cache refreshed 1 - e^-2.8)
+        # g_mid: +0.1 -> drift 0.1 <= tau (accepted)
+        shift = {id(g_hi): 0.2, id(g_mid): 0.1, id(g_lo): 0.0}
+        return [g.gen_log_probs + shift[id(g)] for g in gs]
+
+    res = buf.select(1, scorer)
+    assert res.accepted_ids == [g_mid.group_id]
+    assert [r.group_id for r in res.records] == [g_hi.group_id, g_mid.group_id]
+    assert [r.accepted for r in res.records] == [False, True]
+    assert res.records[0].drift == pytest.approx(0.2, rel=1e-5)
+    assert g_hi.headroom_cached == pytest.approx(1 - math.exp(-2.8), rel=1e-6)
+    assert g_mid.headroom_cached == pytest.approx(1 - math.exp(-0.9), rel=1e-6)
+    assert g_lo.headroom_cached == pytest.approx(1 - math.exp(-0.1), rel=1e-5)  # not scanned
+    assert (g_hi.replay_count, g_mid.replay_count, g_lo.replay_count) == (0, 1, 0)
+    s = res.stats
+    assert (s["scanned"], s["accepted"], s["candidates"], s["scan_depth"]) == (2.0, 1.0, 3.0, 2.0)
+    assert s["acceptance_rate"] == 0.5 and s["fill_ratio"] == 1.0
+    assert s["drift_scanned/mean"] == pytest.approx(0.15, rel=1e-5)
+    assert s["drift_accepted/p90"] == pytest.approx(0.1, rel=1e-5)
+    assert s["headroom_cached_accepted/mean"] == pytest.approx(1 - math.exp(-1.0), rel=1e-6)
+    assert s["headroom_refreshed_accepted/mean"] == pytest.approx(1 - math.exp(-0.9), rel=1e-6)
+    assert s["replay_kl_accepted/mean"] == pytest.approx(math.expm1(0.1) - 0.1, rel=1e-4)
+    assert s["age_accepted/mean"] == 1.0 and s["age_accepted/max"] == 1.0
+    assert s["replay_tokens"] == 4.0
+    assert res.scored_groups == 3 and res.scorer_calls == 1  # g_lo computed but not scanned
+    # next step: ranking uses the refreshed caches (g_hi 0.939 > g_mid 0.593 > g_lo 0.095)
+    res2 = buf.select(2, lambda gs: [g.gen_log_probs.clone() for g in gs])
+    assert res2.accepted_ids == [g_hi.group_id]
+
+
+def test_empty_buffer_and_nothing_accepted_stats_are_zero():
+    buf = HeadroomDriftBuffer(capacity=4, k_rep=2, tau=0.0, scan_chunk_groups=2)
+    calls = []
+    res = buf.select(0, lambda gs: calls.append(1) or [])
+    assert calls == [] and res.groups == [] and res.records == []
+    assert all(v == 0.0 for k, v in res.stats.items() if k not in TIMING_KEYS)
+    buf.admit([_group([1, 0], [1.0, -1.0])], step=0)
+    res = buf.select(1, lambda gs: [g.gen_log_probs - 0.5 for g in gs])  # drift 0.5 > 0
+    assert res.stats["scanned"] == 1.0 and res.stats["accepted"] == 0.0
+    assert res.stats["drift_accepted/mean"] == 0.0 and res.stats["acceptance_rate"] == 0.0
+    assert res.stats["drift_scanned/mean"] == pytest.approx(0.5)
+    assert all(math.isfinite(v) for v in res.stats.values())
+
+
+def test_infinite_drift_is_rejected_and_stats_stay_nan_free():
+    buf = HeadroomDriftBuffer(capacity=10, k_rep=3, tau=0.5, scan_chunk_groups=2)
+    buf.admit([_group([1, 0], [1.0, -1.0], lp=(-0.5 - 0.1 * i, -1.0)) for i in range(4)], step=0)
+
+    def scorer(gs):
+        out = []
+        for g in gs:
+            lp = g.gen_log_probs.clone()
+            if g.group_id % 2 == 0:
+                lp[1] = float("-inf")  # the current policy rules out a stored token
+            out.append(lp)
+        return out
+
+    res = buf.select(1, scorer)
+    assert res.accepted_ids == [1, 3]
+    assert [r.drift for r in res.records if not r.accepted] == [math.inf, math.inf]
+    assert res.stats["drift_scanned/p50"] == math.inf and res.stats["drift_scanned/p90"] == math.inf
+    assert res.stats["drift_accepted/mean"] == 0.0
+    assert not any(math.isnan(v) for v in res.stats.values())
+    # percentiles interpolate linearly like numpy where values are finite
+    buf2 = HeadroomDriftBuffer(capacity=10, k_rep=10, tau=math.inf, scan_chunk_groups=4)
+    buf2.admit([_group([1, 0], [1.0, -1.0]) for _ in range(5)], step=0)
+    shifts = iter([0.1, 0.2, 0.3, 0.4, 0.5])
+    res2 = buf2.select(1, lambda gs: [g.gen_log_probs + next(shifts) for g in gs])
+    assert res2.stats["drift_scanned/p90"] == pytest.approx(0.46, rel=1e-5)
+    assert res2.stats["drift_scanned/p50"] == pytest.approx(0.3, rel=1e-5)
+
+
+def test_scorer_contract_errors_leave_buffer_unchanged(synth):
+    buf = HeadroomDriftBuffer(capacity=20, k_rep=3, tau=0.3, scan_chunk_groups=3)
+    buf.admit(synth.step_groups(1, 0, 12), step=0)
+    before = _caches(buf)
+    with pytest.raises(ValueError, match="num_tokens"):
+        buf.select(1, lambda gs: [torch.zeros(g.num_tokens + 1) for g in gs])
+    with pytest.raises(ValueError, match="scorer returned"):
+        buf.select(1, lambda gs: [g.gen_log_probs for g in gs[:-1]])
+
+    class Boom(RuntimeError):
+        pass
+
+    def boom(gs):
+        raise Boom()
+
+    with pytest.raises(Boom):
+        buf.select(1, boom)
+    assert _caches(buf) == before and all(g.replay_count == 0 for g in buf)
+    # the failed calls left no trace: same result as a twin buffer that never saw them
+    twin = HeadroomDriftBuffer(capacity=20, k_rep=3, tau=0.3, scan_chunk_groups=3)
+    twin.admit(synth.step_groups(1, 0, 12), step=0)
+    a = buf.select(1, synth.SynthScorer(1))
+    b = twin.select(1, synth.SynthScorer(1))
+    assert a.accepted_ids == b.accepted_ids and _caches(buf) == _caches(twin)
+
+
+def test_scorer_chunk_sizes_and_max_scan(synth):
+    buf = HeadroomDriftBuffer(capacity=50, k_rep=50, tau=0.0, scan_chunk_groups=4,
+                              max_scan_groups=10, ingress="nonzero_advantage")
+    buf.admit(synth.step_groups(2, 0, 30), step=0)
+    sc = synth.SynthScorer(1)
+    res = buf.select(1, sc)
+    assert [len(c) for c in sc.calls] == [4, 4, 2]  # last chunk trimmed to the budget
+    assert res.stats["scanned"] == 10.0 and len(res.records) == 10
+
+
+# ----------------------------------------------------------------------------- chunking
+
+
+def _run(synth, chunk, steps=8, seed=7, **kw):
+    cfg = dict(capacity=12, k_rep=3, tau=0.25, scan_chunk_groups=chunk)
+    cfg.update(kw)
+    buf = HeadroomDriftBuffer(**cfg)
+    out = []
+    for step in range(steps):
+        if step:
+            out.append(buf.select(step, synth.SynthScorer(step)))
+        buf.admit(synth.step_groups(seed, step, 5), step)
+    return buf, out
+
+
+@pytest.mark.parametrize("kw", [{}, {"max_scan_groups": 5, "weighting": "advantage",
+                                     "drift_norm": "l1", "ingress": "nonzero_advantage"}])
+def test_chunked_scan_equals_one_by_one(synth, kw):
+    ref_buf, ref = _run(synth, 1, **kw)
+    # the scenario exercises both outcomes of the gate
+    assert sum(len(r.groups) for r in ref) > 0
+    assert any(not rec.accepted for r in ref for rec in r.records)
+    for chunk in (2, 3, 7):
+        buf, res = _run(synth, chunk, **kw)
+        for a, b in zip(ref, res):
+            assert a.accepted_ids == b.accepted_ids
+            assert a.records == b.records  # drift, refreshed headroom, ranks: bit-identical
+            assert _stats_wo_timing(a) == _stats_wo_timing(b)
+        assert _caches(ref_buf) == _caches(buf)
+        assert [g.replay_count for g in ref_buf] == [g.replay_count for g in buf]
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    capacity=st.integers(1, 10),
+    k_rep=st.integers(1, 4),
+    chunk=st.integers(1, 5),
+    max_scan=st.one_of(st.none(), st.integers(1, 8)),
+    tau=st.sampled_from([0.0, 0.05, 0.15, 0.3, math.inf]),
+    weighting=st.sampled_from(["sign", "advantage"]),
+    norm=st.sampled_from(["l2", "l1"]),
+    ingress=st.sampled_from(["answer_disagree", "nonzero_advantage"]),
+    per_step=st.lists(st.integers(0, 5), min_size=1, max_size=7),
+    seed=st.integers(0, 10_000),
+)
+def test_buffer_matches_reference_and_invariants(synth, capacity, k_rep, chunk, max_scan, tau,
+                                                 weighting, norm, ingress, per_step, seed):
+    cfg = dict(capacity=capacity, k_rep=k_rep, tau=tau, weighting=weighting, drift_norm=norm,
+               max_scan_groups=max_scan, ingress=ingress)
+    buf = HeadroomDriftBuffer(scan_chunk_groups=chunk, **cfg)
+    ref = ReferenceBuffer(**cfg)
+    admitted_ids: list[int] = []
+    for step, count in enumerate(per_step):
+        if step:
+            sc = synth.SynthScorer(step)
+            res = buf.select(step, sc)
+            ref_acc, ref_scanned = ref.select(step, ref_one_scorer(synth, step))
+            # the brute-force top-K_rep drift-feasible groups, same scan prefix
+            assert res.accepted_ids == ref_acc
+            assert [r.group_id for r in res.records] == [s[0] for s in ref_scanned]
+            for rec, (gid, d, h, kl, before) in zip(res.records, ref_scanned):
+                assert rec.drift == d and rec.headroom_after == h and rec.replay_kl == kl
+                assert rec.headroom_before == before
+            assert len(res.groups) <= k_rep
+            assert all(r.drift <= tau for r in res.records if r.accepted)
+            assert all(not r.accepted for r in res.records if r.drift > tau)
+            assert max_scan is None or len(res.records) <= max_scan
+            assert [r.rank for r in res.records] == list(range(1, len(res.records) + 1))
+            assert res.stats["accepted"] == len(res.groups)
+            assert res.stats["scanned"] == len(res.records)
+            # every chunk is at most scan_chunk_groups and the overshoot is < one chunk
+            assert all(len(c) <= chunk for c in sc.calls)
+            assert len(res.records) <= res.scored_groups <= len(res.records) + chunk - 1
+            # a scan stops early only because K_rep was filled
+            if len(res.records) < (len(buf) if max_scan is None else min(max_scan, len(buf))):
+                assert len(res.groups) == k_rep
+        out = buf.admit(synth.step_groups(seed, step, count), step)
+        ref_evicted = ref.admit(synth.step_groups(seed, step, count), step)
+        admitted_ids.extend(e["group_id"] for e in out["events"] if e["event"] == "ingress")
+        assert [e["group_id"] for e in out["events"] if e["event"] == "evict"] == ref_evicted
+        assert len(buf) <= capacity
+        fifo = [g.group_id for g in buf]
+        assert fifo == admitted_ids[-capacity:] if admitted_ids else fifo == []
+        assert fifo == [it.gid for it in ref.items]
+        assert [g.headroom_cached for g in buf] == [it.cached for it in ref.items]
+        assert [g.replay_count for g in buf] == [it.replays for it in ref.items]
+        # lazy heap stays bounded: stale entries never exceed live ones by much
+        assert len(buf._heap) <= 2 * len(buf) + 64 + capacity
+
+
+def test_heap_compaction_bounds_stale_entries(synth):
+    buf = HeadroomDriftBuffer(capacity=5, k_rep=1, tau=math.inf, scan_chunk_groups=2,
+                              ingress="nonzero_advantage")
+    for step in range(60):
+        buf.admit(synth.step_groups(3, step, 5), step)
+        buf.select(step, synth.SynthScorer(step))
+        assert len(buf._heap) <= 2 * len(buf) + 64 + 5
+        assert set(buf._live) == {g.group_id for g in buf}
+
+
+# ----------------------------------------------------------------------------- persistence
+
+
+def _fresh(**kw):
+    cfg = dict(capacity=15, k_rep=3, tau=0.2, scan_chunk_groups=3, max_scan_groups=9)
+    cfg.update(kw)
+    return HeadroomDriftBuffer(**cfg)
+
+
+def test_state_dict_roundtrip_exact(synth):
+    a, _ = _run(synth, 3, steps=6, capacity=15, max_scan_groups=9, tau=0.2)
+    b = _fresh()
+    b.load_state_dict(a.state_dict())
+    assert [g.group_id for g in a] == [g.group_id for g in b]
+    for ga, gb in zip(a, b):
+        for name in ("prompt_ids", "response_ids", "response_lengths", "response_mask",
+                     "gen_log_probs", "advantages", "correct", "scores"):
+            assert torch.equal(getattr(ga, name), getattr(gb, name)), name
+        assert (ga.birth_step, ga.insert_seq, ga.headroom_ref, ga.headroom_cached,
+                ga.replay_count, ga.meta) == (gb.birth_step, gb.insert_seq, gb.headroom_ref,
+                                               gb.headroom_cached, gb.replay_count, gb.meta)
+
+
+def test_resume_equivalence(synth, tmp_path):
+    def step_fn(buf, step):
+        res = buf.select(step, synth.SynthScorer(step)) if step else None
+        buf.admit(synth.step_groups(11, step, 5), step)
+        return res
+
+    a = _fresh()
+    run_a = [step_fn(a, s) for s in range(10)]
+    b = _fresh()
+    run_b = [step_fn(b, s) for s in range(5)]
+    path = tmp_path / "buffer.pt"
+    b.save(path)
+    del b
+    c = _fresh()
+    c.load(path)
+    run_b += [step_fn(c, s) for s in range(5, 10)]
+    for ra, rb in zip(run_a[1:], run_b[1:]):
+        assert ra.accepted_ids == rb.accepted_ids
+        assert ra.records == rb.records
+        assert _stats_wo_timing(ra) == _stats_wo_timing(rb)
+    assert sum(len(r.groups) for r in run_a[5:]) > 0
+    assert _caches(a) == _caches(c)
+    assert [g.replay_count for g in a] == [g.replay_count for g in c]
+    # from_file rebuilds the configuration too
+    d = HeadroomDriftBuffer.from_file(path)
+    assert d.config() == _fresh().config() and len(d) == 15
+
+
+def test_corrupted_truncated_and_foreign_files_refused(synth, tmp_path):
+    a, _ = _run(synth, 2, steps=3)
+    path = tmp_path / "b.pt"
+    a.save(path)
+    assert not list(tmp_path.glob(".*tmp*"))  # the temporary file was renamed away
+    data = path.read_bytes()
+    corrupt = bytearray(data)
+    corrupt[-10] ^= 0xFF
+    (tmp_path / "c.pt").write_bytes(bytes(corrupt))
+    (tmp_path / "t.pt").write_bytes(data[: len(data) - 100])
+    (tmp_path / "x.pt").write_bytes(b"hello world")
+    fresh = lambda: HeadroomDriftBuffer(capacity=12, k_rep=3, tau=0.25, scan_chunk_groups=2)
+    with pytest.raises(ValueError, match="corrupted: sha256"):
+        fresh().load(tmp_path / "c.pt")
+    with pytest.raises(ValueError, match="truncated"):
+        fresh().load(tmp_path / "t.pt")
+    with pytest.raises(ValueError, match="not a replay buffer file"):
+        fresh().load(tmp_path / "x.pt")
+    # configuration mismatch is named; strict=False accepts and trims to capacity
+    small = HeadroomDriftBuffer(capacity=4, k_rep=3, tau=0.25, scan_chunk_groups=2)
+    with pytest.raises(ValueError, match="capacity"):
+        small.load(path)
+    small.load(path, strict=False)
+    assert [g.group_id for g in small] == [g.group_id for g in a][-4:]
+    with pytest.raises(ValueError, match="NaiveReplayBuffer"):
+        NaiveReplayBuffer(capacity=12, k_rep=3).load(path)
+    ok = fresh()
+    ok.load(path, strict=False)
+    assert len(ok) == len(a)
+
+
+# ----------------------------------------------------------------------------- naive
+
+
+def test_naive_buffer_newest_first_no_scorer(synth, tmp_path):
+    buf = NaiveReplayBuffer(capacity=6, k_rep=4, ingress="nonzero_advantage")
+    res = buf.select(0, None)
+    assert res.groups == [] and res.stats["accepted"] == 0.0
+    buf.admit([_group([1, 0], [1.0, -1.0]) for _ in range(3)], step=0)
+    buf.admit([_group([1, 0], [1.0, -1.0]) for _ in range(5)], step=1)  # evicts ids 0, 1
+    res = buf.select(2, None)
+    assert res.accepted_ids == [7, 6, 5, 4]
+    assert [g.replay_count for g in buf] == [0, 0, 1, 1, 1, 1]
+    s = res.stats
+    assert s["accepted"] == 4.0 and s["fill_ratio"] == 1.0 and s["age_accepted/max"] == 1.0
+    assert s["scan_forward_seconds"] == 0.0 and all(r.drift is None for r in res.records)
+    hd_keys = set(HeadroomDriftBuffer(capacity=1, k_rep=1, tau=0.1, scan_chunk_groups=1)
+                  .select(0, lambda gs: []).stats)
+    assert set(s) <= hd_keys
+    assert all(e["drift"] is None for e in res.events())
+    buf.save(tmp_path / "n.pt")
+    again = NaiveReplayBuffer.from_file(tmp_path / "n.pt")
+    assert [g.group_id for g in again] == [g.group_id for g in buf]
+    assert again.select(3, None).accepted_ids == buf.select(3, None).accepted_ids

@@ -1,0 +1,151 @@
+"""plot_replay_dynamics.py on a log written by the real buffer over 30 synthetic steps."""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+import zlib
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from verl_replay.headroom_drift.buffer import HeadroomDriftBuffer, ReplayGroup
+from verl_replay.headroom_drift.events import ReplayEventLog
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "plot_replay_dynamics.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("plot_replay_dynamics", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _group(gen: torch.Generator) -> ReplayGroup:
+    n = 4
+    lengths = torch.randint(1, 6, (n,), generator=gen)
+    L = int(lengths.sum())
+    correct = torch.tensor([True, False, bool(torch.rand(1, generator=gen) > 0.5), False])
+    adv = torch.where(correct, 1.0, -1.0)
+    # spread initial Headroom: sharp (near 0) vs diffuse log-probs per group
+    sharp = float(torch.rand(1, generator=gen)) * 3
+    return ReplayGroup(
+        prompt_ids=torch.arange(3), response_ids=torch.randint(0, 50, (L,), generator=gen),
+        response_lengths=lengths, response_mask=torch.ones(L, dtype=torch.bool),
+        gen_log_probs=-sharp * torch.rand(L, generator=gen), advantages=adv, correct=correct,
+        scores=correct.float())
+
+
+def _scorer(step: int):
+    def score(groups):
+        out = []
+        for g in groups:
+            gen = torch.Generator().manual_seed(g.group_id * 7_919 + step)
+            scale = 0.05 * (1 + (g.group_id + step) % 6)  # drift grows with some groups
+            out.append(g.gen_log_probs + scale * torch.randn(g.num_tokens, generator=gen))
+        return out
+    return score
+
+
+@pytest.fixture()
+def logged_run(tmp_path):
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        buf = HeadroomDriftBuffer(capacity=40, k_rep=3, tau=0.17, scan_chunk_groups=4,
+                                  max_scan_groups=12)
+        path = tmp_path / "runs" / "x" / "replay_events.jsonl"
+        groups: list[ReplayGroup] = []
+        results = []
+        with ReplayEventLog(path) as log:
+            for step in range(30):
+                res = buf.select(step, _scorer(step))
+                log.log_selection(res)
+                fresh = [_group(gen) for _ in range(4)]
+                adm = buf.admit(fresh, step)
+                log.log_admit(adm)
+                log.log_step(step, {**res.stats, "ingress": adm["ingress"]})
+                groups += [g for g in fresh if g.group_id >= 0]
+                results.append(res)
+        yield path, groups, results
+    finally:
+        torch.set_num_threads(old)
+
+
+def _assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    length, ctype = struct.unpack(">I4s", data[8:16])
+    assert ctype == b"IHDR" and length == 13
+    width, height = struct.unpack(">II", data[16:24])
+    assert width > 100 and height > 100
+    assert zlib.crc32(data[12:29]) == struct.unpack(">I", data[29:33])[0]  # IHDR CRC
+    assert data[-12:] == b"\x00\x00\x00\x00IEND\xaeB`\x82"
+
+
+def test_plots_and_tables_match_direct_computation(logged_run, tmp_path):
+    path, groups, results = logged_run
+    mod = _load_script()
+    out = tmp_path / "plots"
+    tables = mod.main(["--events", str(path), "--out-dir", str(out)])
+    for name in mod.PLOTS.values():
+        _assert_png(out / name)
+    assert (out / "tables.json").exists()
+
+    # (a) deciles from the in-memory groups: lifetime replay_count is kept on the object
+    assert len(groups) == 120 and sum(g.replay_count for g in groups) > 0
+    h = np.array([g.headroom_ref for g in groups])
+    ids = np.array([g.group_id for g in groups])
+    order = np.lexsort((ids, h))
+    rc = np.array([g.replay_count for g in groups])[order]
+    dec = (10 * np.arange(len(groups))) // len(groups)
+    rows = tables["deciles"]
+    assert [r["decile"] for r in rows] == list(range(1, 11))
+    for d, row in enumerate(rows):
+        sel = rc[dec == d]
+        assert row["groups"] == len(sel) == 12
+        assert row["mean_replays"] == pytest.approx(sel.mean())
+        assert row["p_replayed"] == pytest.approx((sel > 0).mean())
+        assert row["headroom_min"] == pytest.approx(h[order][dec == d].min())
+    # the ranking favours high initial Headroom: top decile replayed more than the bottom one
+    assert rows[-1]["mean_replays"] > rows[0]["mean_replays"]
+
+    # (b) acceptance vs age from the selection results
+    scans, acc = Counter(), Counter()
+    for res in results:
+        for r in res.records:
+            scans[r.age] += 1
+            acc[r.age] += r.accepted
+    assert [r["age"] for r in tables["age"]] == sorted(scans)
+    for row in tables["age"]:
+        assert row["scans"] == scans[row["age"]]
+        assert row["acceptance_rate"] == pytest.approx(acc[row["age"]] / scans[row["age"]])
+    assert 0 < sum(acc.values()) < sum(scans.values())
+
+    # (c) scan depth / accepted per step from the stats
+    assert [r["step"] for r in tables["steps"]] == list(range(30))
+    for row, res in zip(tables["steps"], results):
+        assert row["scan_depth"] == res.stats["scan_depth"]
+        assert row["accepted"] == len(res.groups)
+
+
+def test_completed_only_and_empty_log(logged_run, tmp_path):
+    path, groups, _ = logged_run
+    mod = _load_script()
+    tables = mod.main(["--events", str(path), "--out-dir", str(tmp_path / "a"),
+                       "--completed-only"])
+    evicted = [g for g in groups if g.group_id < 120 - 40]  # capacity 40: oldest 80 evicted
+    assert sum(r["groups"] for r in tables["deciles"]) == len(evicted)
+    assert sum(r["mean_replays"] * r["groups"] for r in tables["deciles"]) == pytest.approx(
+        sum(g.replay_count for g in evicted))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    t = mod.main(["--events", str(empty), "--out-dir", str(tmp_path / "b")])
+    assert t == {"deciles": [], "age": [], "steps": []}
+    for name in mod.PLOTS.values():
+        _assert_png(tmp_path / "b" / name)
