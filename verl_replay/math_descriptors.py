@@ -45,7 +45,7 @@ __all__ = [
 MATH_APPROACHES: tuple[tuple[str, str], ...] = (
     ("casework", "Splits the problem into exhaustive cases and handles each case separately."),
     ("substitution", "Introduces a new variable or substitutes an expression to simplify the problem."),
-    ("counting", "Counts arrangements or selections with combinatorial formulas (permutations, binomial coefficients)."),
+    ("counting", "Counts arrangements or selections with combinatorial formulas (permutations, binomials)."),
     ("probability", "Computes a probability or expected value from outcomes and their likelihoods."),
     ("number_theory", "Uses divisibility, primes, remainders or modular arithmetic."),
     ("calculus", "Uses derivatives, integrals or limits."),

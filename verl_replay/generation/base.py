@@ -42,9 +42,16 @@ class Generation:
     """One sampled completion."""
 
     text: str
-    token_ids: tuple[int, ...]
-    finish_reason: str  # "stop" (EOS / stop token) or "length" (max_new_tokens reached)
+    token_ids: tuple[int, ...]  # completion only; lists are accepted and stored as a tuple
     logprobs: tuple[float, ...] | None = None  # one per token id when requested
+    finish_reason: str | None = None  # backends set "stop" (EOS) or "length" (max_new_tokens)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
+        if self.logprobs is not None:
+            object.__setattr__(self, "logprobs", tuple(float(x) for x in self.logprobs))
+            if len(self.logprobs) != len(self.token_ids):
+                raise ValueError(f"{len(self.logprobs)} logprobs for {len(self.token_ids)} token ids")
 
     @property
     def num_tokens(self) -> int:

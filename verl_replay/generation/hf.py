@@ -91,7 +91,7 @@ class HFBackend(GenerationBackend):
     ) -> list[list[Generation]]:
         validate_sampling(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
         prompt_ids = self.encode(prompts)
-        per_chunk = max(1, self.batch_size // n)
+        per_chunk = max(1, self.batch_size // (n if temperature > 0 else 1))  # greedy decodes once
         results: list[list[Generation]] = []
         for start in range(0, len(prompt_ids), per_chunk):
             results.extend(
@@ -130,9 +130,12 @@ class HFBackend(GenerationBackend):
             attention_mask[row, width - len(ids) :] = 1
 
         sampling = temperature > 0
+        # Greedy decoding gives n identical completions; HF refuses num_return_sequences > 1
+        # without sampling, so decode once and repeat (vLLM returns n identical ones too).
+        draws = n if sampling else 1
         config = GenerationConfig(
             max_new_tokens=max_new_tokens,
-            num_return_sequences=n,
+            num_return_sequences=draws,
             do_sample=sampling,
             eos_token_id=list(self.eos_token_ids),
             pad_token_id=pad_id,
@@ -140,7 +143,10 @@ class HFBackend(GenerationBackend):
             output_logits=logprobs,
             **({"temperature": temperature, "top_p": top_p, "top_k": 0} if sampling else {}),
         )
-        fork_devices = [self.device] if self.device.type == "cuda" else []
+        # Fork (save/restore) the RNG of the CPU and of the GPU we sample on, not the caller's.
+        fork_devices = []
+        if self.device.type == "cuda":
+            fork_devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()]
         with torch.random.fork_rng(devices=fork_devices), torch.inference_mode():
             torch.manual_seed(seed)
             out = self.model.generate(
@@ -148,11 +154,11 @@ class HFBackend(GenerationBackend):
                 attention_mask=attention_mask.to(self.device),
                 generation_config=config,
             )
-            completions = out.sequences[:, width:].cpu()  # [B*n, T]; rows are prompt-major
-            chosen_logprobs = _chosen_logprobs(out.logits, completions) if logprobs else None  # [B*n, T]
+            completions = out.sequences[:, width:].cpu()  # [B*draws, T]; rows are prompt-major
+            chosen_logprobs = _chosen_logprobs(out.logits, completions) if logprobs else None  # [B*draws, T]
 
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long)
-        is_eos = torch.isin(completions, eos)  # [B*n, T]
+        is_eos = torch.isin(completions, eos)  # [B*draws, T]
         grouped: list[list[Generation]] = [[] for _ in chunk]
         for row in range(completions.shape[0]):
             eos_positions = is_eos[row].nonzero()
@@ -160,28 +166,27 @@ class HFBackend(GenerationBackend):
             # Everything after the first EOS is padding added by generate.
             length = int(eos_positions[0]) + 1 if stopped else completions.shape[1]
             ids = tuple(int(t) for t in completions[row, :length])
-            grouped[row // n].append(
-                Generation(
-                    text=self._tokenizer.decode(list(ids), skip_special_tokens=True),
-                    token_ids=ids,
-                    finish_reason="stop" if stopped else "length",
-                    logprobs=tuple(float(x) for x in chosen_logprobs[row, :length])
-                    if chosen_logprobs is not None
-                    else None,
-                )
+            generation = Generation(
+                text=self._tokenizer.decode(list(ids), skip_special_tokens=True),
+                token_ids=ids,
+                finish_reason="stop" if stopped else "length",
+                logprobs=None
+                if chosen_logprobs is None
+                else tuple(float(x) for x in chosen_logprobs[row, :length]),
             )
+            grouped[row // draws].extend([generation] * (n // draws))
         return grouped
 
 
 def _chosen_logprobs(step_logits: Sequence[Any], tokens: Any) -> Any:
-    """log softmax of the raw logits at the sampled tokens: [B*n, T] from T tensors of [B*n, V]."""
+    """log softmax of the raw logits at the chosen tokens: [R, T] from T tensors of [R, V]."""
     import torch
 
     columns = []
     for t, logits in enumerate(step_logits):
-        logp = torch.log_softmax(logits.float().cpu(), dim=-1)  # [B*n, V]
-        columns.append(logp.gather(1, tokens[:, t : t + 1]).squeeze(1))  # [B*n]
-    return torch.stack(columns, dim=1)  # [B*n, T]
+        logp = torch.log_softmax(logits.float().cpu(), dim=-1)  # [R, V]
+        columns.append(logp.gather(1, tokens[:, t : t + 1]).squeeze(1))  # [R]
+    return torch.stack(columns, dim=1)  # [R, T]
 
 
 def _eos_ids(config_eos: Any, tokenizer_eos: int | None) -> tuple[int, ...]:

@@ -9,9 +9,9 @@ The descriptor is deliberately coarse (a MAP-Elites cell should hold a *family* 
   CTE un-nests a query, which is exactly what the CTE flag records) and set-operation branches
   sit at the depth of the set operation;
 * flags, in this fixed order: ``CTE`` (WITH), ``SET`` (UNION/INTERSECT/EXCEPT), ``WIN`` (window
-  function), ``AGG`` (row-collapsing aggregate; ``SUM(x) OVER (...)`` is WIN, not AGG), ``GB`` (GROUP BY), ``HAV`` (HAVING), ``DIST``
-  (DISTINCT, in SELECT or inside an aggregate), ``CASE`` (CASE or IIF), ``EX`` (EXISTS), ``OB``
-  (ORDER BY), ``LIM`` (LIMIT); ``-`` when none is set.
+  function), ``AGG`` (row-collapsing aggregate; ``SUM(x) OVER (...)`` is WIN, not AGG), ``GB``
+  (GROUP BY), ``HAV`` (HAVING), ``DIST`` (DISTINCT, in SELECT or inside an aggregate), ``CASE``
+  (CASE or IIF), ``EX`` (EXISTS), ``OB`` (ORDER BY), ``LIM`` (LIMIT); ``-`` when none is set.
 
 The string form is ``"j1|d0|AGG,GB,OB,LIM"``. "has a join" and "has a subquery" are not
 repeated as flags because ``j0`` / ``d0`` already say it; the dataclass exposes them.

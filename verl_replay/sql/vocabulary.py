@@ -100,7 +100,7 @@ class Vocabulary:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "approaches", tuple(self.approaches))
-        _validate(self, where="vocabulary")
+        _validate(self)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -150,7 +150,9 @@ class Vocabulary:
             raise VocabularyError(f"{source}: expected a mapping with an 'approaches' list, got {type(data).__name__}")
         unknown = set(data) - _TOP_LEVEL_KEYS
         if unknown:
-            raise VocabularyError(f"{source}: unknown top-level key(s) {sorted(unknown)}; allowed: {sorted(_TOP_LEVEL_KEYS)}")
+            raise VocabularyError(
+                f"{source}: unknown top-level key(s) {sorted(unknown)}; allowed: {sorted(_TOP_LEVEL_KEYS)}"
+            )
         raw = data.get("approaches")
         if not isinstance(raw, list) or not raw:
             raise VocabularyError(f"{source}: 'approaches' must be a non-empty list")
@@ -161,16 +163,12 @@ class Vocabulary:
         default = data.get("default")
         if default is None:
             raise VocabularyError(f"{source}: 'default' is missing: name the catch-all approach labelers fall back to")
-        vocab = cls.__new__(cls)
-        for key, value in (
-            ("approaches", tuple(approaches)),
-            ("default", default),
-            ("domain", data.get("domain", "sql")),
-            ("reviewed", reviewed),
-        ):
-            object.__setattr__(vocab, key, value)
-        _validate(vocab, where=source)
-        return vocab
+        try:
+            return cls(
+                approaches=tuple(approaches), default=default, domain=data.get("domain", "sql"), reviewed=reviewed
+            )
+        except VocabularyError as err:
+            raise VocabularyError(f"{source}: {err}") from None
 
 
 def _approach_from_dict(entry: Any, where: str) -> Approach:
@@ -193,29 +191,29 @@ def _approach_from_dict(entry: Any, where: str) -> Approach:
     )
 
 
-def _validate(vocab: Vocabulary, *, where: str) -> None:
+def _validate(vocab: Vocabulary) -> None:
     if not vocab.approaches:
-        raise VocabularyError(f"{where}: the vocabulary has no approaches")
+        raise VocabularyError("the vocabulary has no approaches")
     seen: set[str] = set()
     for i, approach in enumerate(vocab.approaches):
         name = approach.name
         if not isinstance(name, str) or not APPROACH_NAME_RE.match(name):
             suggestion = normalise_approach_name(name) if isinstance(name, str) else None
             hint = f" (e.g. {suggestion!r})" if suggestion else ""
-            raise VocabularyError(f"{where}: approaches[{i}].name {name!r} is not a snake_case name{hint}")
+            raise VocabularyError(f"approaches[{i}].name {name!r} is not a snake_case name{hint}")
         if name in seen:
-            raise VocabularyError(f"{where}: approach name {name!r} appears more than once")
+            raise VocabularyError(f"approach name {name!r} appears more than once")
         seen.add(name)
         if not isinstance(approach.description, str) or not approach.description.strip():
-            raise VocabularyError(f"{where}: approaches[{i}] ({name}) needs a non-empty one-line 'description'")
+            raise VocabularyError(f"approaches[{i}] ({name}) needs a non-empty one-line 'description'")
         if "\n" in approach.description.strip():
-            raise VocabularyError(f"{where}: approaches[{i}] ({name}) description must be one line")
+            raise VocabularyError(f"approaches[{i}] ({name}) description must be one line")
     if vocab.default not in seen:
-        raise VocabularyError(f"{where}: default {vocab.default!r} is not one of the approach names {sorted(seen)}")
+        raise VocabularyError(f"default {vocab.default!r} is not one of the approach names {sorted(seen)}")
     if vocab.domain not in DOMAINS:
-        raise VocabularyError(f"{where}: domain {vocab.domain!r} must be one of {list(DOMAINS)}")
+        raise VocabularyError(f"domain {vocab.domain!r} must be one of {list(DOMAINS)}")
     if not isinstance(vocab.reviewed, bool):
-        raise VocabularyError(f"{where}: reviewed must be a bool, got {vocab.reviewed!r}")
+        raise VocabularyError(f"reviewed must be a bool, got {vocab.reviewed!r}")
 
 
 def load_vocabulary(path: str | os.PathLike[str] | None = None, *, warn_unreviewed: bool = True) -> Vocabulary:
