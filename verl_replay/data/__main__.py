@@ -32,8 +32,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("dataset", choices=DATASETS)
     p.add_argument("--input", help="local download: folder (or a file for math / ambiqt); unused for tiny")
     p.add_argument("--output", required=True, help="output folder (tiny: the asset root)")
-    p.add_argument("--split", help="bird/spider: train|dev (default dev); ambiqt: default validation; "
-                   "math: the extra_info.split value (default train for 'train', else test)")
+    p.add_argument(
+        "--split",
+        help="bird/spider: train|dev (default dev); ambiqt: default validation; "
+        "math: the extra_info.split value (default train for 'train', else test)",
+    )
     p.add_argument("--limit", type=int, help="keep at most N examples per file")
     p.add_argument("--databases-dir", help="bird/spider: override the databases folder; ambiqt: required")
     p.add_argument("--sample-rows", type=int, default=0, help="SQL: append N sample rows per table to the schema")
@@ -60,31 +63,47 @@ def _need_input(args: argparse.Namespace) -> str:
 def _run(args: argparse.Namespace) -> list[prep.PreparedFile]:
     common = {"limit": args.limit, "with_sample_rows": args.sample_rows, "system_prompt": args.system_prompt}
     if args.dataset == "bird":
-        return prep.prepare_bird(_need_input(args), args.output, split=args.split or "dev",
-                                 databases_dir=args.databases_dir, **common)
+        return prep.prepare_bird(
+            _need_input(args), args.output, split=args.split or "dev", databases_dir=args.databases_dir, **common
+        )
     if args.dataset == "spider":
-        return prep.prepare_spider(_need_input(args), args.output, split=args.split or "dev",
-                                   databases_dir=args.databases_dir, **common)
+        return prep.prepare_spider(
+            _need_input(args), args.output, split=args.split or "dev", databases_dir=args.databases_dir, **common
+        )
     if args.dataset == "ambiqt":
         if not args.databases_dir:
             raise SystemExit("prepare ambiqt: --databases-dir is required (folder of <db_id>/<db_id>.sqlite)")
         files, skipped = prep.prepare_ambiqt(
-            _need_input(args), args.output, databases_dir=args.databases_dir, split=args.split or "validation",
-            check_executable=not args.no_check_executable, **common,
+            _need_input(args),
+            args.output,
+            databases_dir=args.databases_dir,
+            split=args.split or "validation",
+            check_executable=not args.no_check_executable,
+            **common,
         )
         if skipped:
             print(f"skipped {len(skipped)} AmbiQT examples whose gold SQL does not execute; first: {skipped[0][1]}")
         return files
     if args.dataset == "math":
-        fields = {"problem_field": args.problem_field, "answer_field": args.answer_field,
-                  "solution_field": args.solution_field, "id_field": args.id_field}
+        fields = {
+            "problem_field": args.problem_field,
+            "answer_field": args.answer_field,
+            "solution_field": args.solution_field,
+            "id_field": args.id_field,
+        }
         return prep.prepare_math(
-            _need_input(args), args.output, benchmarks=args.benchmarks.split(",") if args.benchmarks else None,
-            benchmark=args.benchmark, split=args.split, limit=args.limit, system_prompt=args.system_prompt, **fields,
+            _need_input(args),
+            args.output,
+            benchmarks=args.benchmarks.split(",") if args.benchmarks else None,
+            benchmark=args.benchmark,
+            split=args.split,
+            limit=args.limit,
+            system_prompt=args.system_prompt,
+            **fields,
         )
     assets = prep.prepare_tiny(args.output, seed=args.seed, model_arch=args.model_arch, force=args.force)
     counts = assets.manifest()["counts"]
-    print(f"model and tokenizer: {assets.model_dir}")
+    print(f"{'built' if assets.built_now else 'reused cached'} tiny assets; model and tokenizer: {assets.model_dir}")
     return [
         prep.PreparedFile(assets.math_train, counts["math_train"], "tiny_math", "train"),
         prep.PreparedFile(assets.math_val, counts["math_val"], "tiny_math", "val"),

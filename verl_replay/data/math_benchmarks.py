@@ -169,7 +169,9 @@ def load_math_file(
             answer = boxed
         else:
             wanted = answer_field or " / ".join(ANSWER_FIELDS + SOLUTION_FIELDS)
-            raise KeyError(f"answer column '{wanted}' not found in {where}; pass answer_field=... or solution_field=...")
+            raise KeyError(
+                f"answer column '{wanted}' not found in {where}; pass answer_field=... or solution_field=..."
+            )
         i_field = _pick_field(record, id_field, ID_FIELDS)
         if id_field is not None and i_field is None:
             raise KeyError(f"id column '{id_field}' not found in {where}")

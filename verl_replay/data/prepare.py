@@ -117,7 +117,11 @@ def sql_rows(
             {
                 "data_source": data_source,
                 "prompt": build_sql_messages(
-                    schema_cache[db_path], ex.question, ex.evidence, system_prompt=system_prompt, instruction=instruction
+                    schema_cache[db_path],
+                    ex.question,
+                    ex.evidence,
+                    system_prompt=system_prompt,
+                    instruction=instruction,
                 ),
                 "ability": "sql",
                 "reward_model": {"style": "rule", "ground_truth": ex.gold_sql},
@@ -181,7 +185,9 @@ def write_rl_parquet(rows: Sequence[dict[str, Any]], path: str | Path, schema: p
     return path
 
 
-def _write(rows: list[dict[str, Any]], output_dir: Path, name: str, schema: pa.Schema, source: str, split: str) -> PreparedFile:
+def _write(
+    rows: list[dict[str, Any]], output_dir: Path, name: str, schema: pa.Schema, source: str, split: str
+) -> PreparedFile:
     path = write_rl_parquet(rows, Path(output_dir) / f"{name}.parquet", schema)
     return PreparedFile(path=path.absolute(), rows=len(rows), data_source=source, split=split)
 
@@ -199,8 +205,14 @@ def prepare_bird(
     from verl_replay.data.bird import load_bird
 
     examples = load_bird(input_dir, split, databases_dir=databases_dir, limit=limit)
-    rows = sql_rows(examples, data_source="bird", split=split, semantics="bird",
-                    with_sample_rows=with_sample_rows, system_prompt=system_prompt)
+    rows = sql_rows(
+        examples,
+        data_source="bird",
+        split=split,
+        semantics="bird",
+        with_sample_rows=with_sample_rows,
+        system_prompt=system_prompt,
+    )
     return [_write(rows, Path(output_dir), f"bird_{split}", SQL_RL_SCHEMA, "bird", split)]
 
 
@@ -217,8 +229,14 @@ def prepare_spider(
     from verl_replay.data.spider import load_spider
 
     examples = load_spider(input_dir, split, databases_dir=databases_dir, limit=limit)
-    rows = sql_rows(examples, data_source="spider", split=split, semantics="spider",
-                    with_sample_rows=with_sample_rows, system_prompt=system_prompt)
+    rows = sql_rows(
+        examples,
+        data_source="spider",
+        split=split,
+        semantics="spider",
+        with_sample_rows=with_sample_rows,
+        system_prompt=system_prompt,
+    )
     return [_write(rows, Path(output_dir), f"spider_{split}", SQL_RL_SCHEMA, "spider", split)]
 
 
@@ -240,8 +258,14 @@ def prepare_ambiqt(
     if not loaded.examples:
         reasons = "; ".join(f"{q}: {r}" for q, r in loaded.skipped[:3])
         raise ValueError(f"no usable AmbiQT examples in {input_path} (first skips: {reasons})")
-    rows = sql_rows(loaded.examples, data_source="ambiqt", split=split, semantics="spider",
-                    with_sample_rows=with_sample_rows, system_prompt=system_prompt)
+    rows = sql_rows(
+        loaded.examples,
+        data_source="ambiqt",
+        split=split,
+        semantics="spider",
+        with_sample_rows=with_sample_rows,
+        system_prompt=system_prompt,
+    )
     return [_write(rows, Path(output_dir), f"ambiqt_{split}", SQL_RL_SCHEMA, "ambiqt", split)], loaded.skipped
 
 
@@ -292,7 +316,9 @@ def prepare_math(
     return prepared
 
 
-def prepare_tiny(output_dir: str | Path, *, seed: int = 0, model_arch: str = "qwen3_5", force: bool = False) -> TinyAssets:
+def prepare_tiny(
+    output_dir: str | Path, *, seed: int = 0, model_arch: str = "qwen3_5", force: bool = False
+) -> TinyAssets:
     from verl_replay.data.tiny_assets import build_tiny_assets
 
     return build_tiny_assets(Path(output_dir), seed=seed, model_arch=model_arch, force=force)

@@ -23,9 +23,7 @@ def _with_system(user_content: str, system_prompt: str | None) -> list[Message]:
     return messages
 
 
-def sql_user_prompt(
-    schema: str, question: str, evidence: str = "", *, instruction: str = SQL_INSTRUCTION
-) -> str:
+def sql_user_prompt(schema: str, question: str, evidence: str = "", *, instruction: str = SQL_INSTRUCTION) -> str:
     """User turn of a text-to-SQL prompt: schema, optional evidence (BIRD hints), question."""
     if not schema.strip():
         raise ValueError("SQL prompt needs a non-empty schema text")

@@ -106,8 +106,7 @@ def table_names(db_path: str | Path) -> list[str]:
     conn = connect_readonly(db_path)
     try:
         rows = conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
-            "ORDER BY rowid"
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY rowid"
         ).fetchall()
     finally:
         conn.close()

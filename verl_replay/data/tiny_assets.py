@@ -5,9 +5,12 @@ Nothing is downloaded. From one seed this builds:
 - a byte-level BPE tokenizer trained with ``tokenizers`` on the tiny datasets' text (any UTF-8
   text still encodes), Qwen-style chat template (``<|im_start|>role\\n...<|im_end|>\\n``),
   eos ``<|im_end|>``, pad ``<|endoftext|>``, digits split one per token like Qwen;
-- a random-init tiny causal LM (default ``Qwen3_5ForCausalLM`` with hybrid linear/full
-  attention; ``model_arch="qwen2"`` gives a tiny ``Qwen2ForCausalLM``), saved with the tokenizer
-  in one directory that ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained`` load;
+- a tiny causal LM (default ``Qwen3_5ForCausalLM`` with hybrid linear/full attention;
+  ``model_arch="qwen2"`` gives a tiny ``Qwen2ForCausalLM``), randomly initialised and then
+  warm-started with a short, seeded supervised pass on the training answers in the format the
+  rewards accept, so that sampled answers are right some of the time: GRPO needs groups whose
+  answers disagree (a random model scores 0 everywhere and every advantage is 0). Saved with the
+  tokenizer in one directory that ``AutoTokenizer`` / ``AutoModelForCausalLM`` load;
 - ``tiny_math`` and ``tiny_sql`` RL parquet files (train/val) and the SQLite databases.
 
 Layout under the root::
@@ -17,6 +20,11 @@ Layout under the root::
     sql/{train,val}.parquet
     sql/databases/<db_id>/<db_id>.sqlite
     MANIFEST.json     written last: format version, seed, arch, sha256 of every file, stats
+
+CPU caveat (Qwen3.5): without flash-linear-attention the gated-delta-net layers run a torch
+fallback that ignores packed-sequence boundaries, so padding-free packed rows (verl's
+``use_remove_padding``) do not equal separate rows on CPU; padded batches are exact. The
+``qwen2`` model has no such layer and packs exactly (sdpa, ``use_cache=False``).
 
 Caching and concurrency: a root whose manifest matches (version, seed, arch) and whose files
 match their hashes is returned as is. Otherwise the build runs under an exclusive file lock
@@ -33,7 +41,7 @@ import os
 import shutil
 import statistics
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -47,7 +55,7 @@ from verl_replay.data.tiny_sql import TINY_SQL_SOURCE, build_tiny_sql
 
 # Bump when the layout, the generators or the model/tokenizer recipe change: old caches are
 # then ignored because the default directory name and the manifest both carry the version.
-ASSET_FORMAT_VERSION = 1
+ASSET_FORMAT_VERSION = 2
 MODEL_ARCHS = ("qwen3_5", "qwen2")
 DEFAULT_MODEL_ARCH = "qwen3_5"
 MANIFEST_NAME = "MANIFEST.json"
@@ -79,7 +87,8 @@ class TinyAssets:
     """Paths of a complete tiny-asset build (``tokenizer`` is the model directory)."""
 
     root: Path
-    model_dir: Path
+    model_dir: Path  # warm-started on tiny_math answers
+    sql_model_dir: Path  # same architecture and tokenizer, warm-started on tiny_sql answers
     tokenizer: Path
     math_train: Path
     math_val: Path
@@ -112,6 +121,7 @@ def _assets_at(root: Path, seed: int, model_arch: str) -> TinyAssets:
     return TinyAssets(
         root=root,
         model_dir=root / "model",
+        sql_model_dir=root / "model_sql",
         tokenizer=root / "model",
         math_train=root / "math" / "train.parquet",
         math_val=root / "math" / "val.parquet",
@@ -132,17 +142,25 @@ def _file_hashes(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): _sha256(p) for p in files}
 
 
-def is_complete(root: Path, *, seed: int, model_arch: str) -> bool:
-    """True iff ``root`` holds a finished build for this version/seed/arch with intact files."""
+def _resolve_warm_start(warm_start_steps: Mapping[str, int] | None) -> dict[str, int]:
+    steps = dict(WARM_START_STEPS if warm_start_steps is None else warm_start_steps)
+    if set(steps) != set(WARM_START_STEPS) or any(not isinstance(v, int) or v < 0 for v in steps.values()):
+        raise ValueError(f"warm_start_steps must map {sorted(WARM_START_STEPS)} to step counts >= 0, got {steps}")
+    return steps
+
+
+def is_complete(
+    root: Path, *, seed: int, model_arch: str, warm_start_steps: Mapping[str, int] | None = None
+) -> bool:
+    """True iff ``root`` holds a finished build for this version/seed/arch/warm start with intact files."""
     try:
         manifest = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    if (manifest.get("format_version"), manifest.get("seed"), manifest.get("model_arch")) != (
-        ASSET_FORMAT_VERSION,
-        seed,
-        model_arch,
-    ):
+    identity = (manifest.get("format_version"), manifest.get("seed"), manifest.get("model_arch"))
+    if identity != (ASSET_FORMAT_VERSION, seed, model_arch):
+        return False
+    if manifest.get("warm_start_steps") != _resolve_warm_start(warm_start_steps):
         return False
     files = manifest.get("files", {})
     try:
@@ -167,7 +185,9 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
 # --------------------------------------------------------------------------- tokenizer
 
 
-def _tokenizer_corpus(math: list[MathExample], sql: list[SQLExample], sql_prompts: list[str], math_prompts: list[str]) -> list[str]:
+def _tokenizer_corpus(
+    math: list[MathExample], sql: list[SQLExample], sql_prompts: list[str], math_prompts: list[str]
+) -> list[str]:
     corpus = list(sql_prompts) + list(math_prompts)
     corpus += [f"The answer is \\boxed{{{ex.answer}}}." for ex in math]
     corpus += [f"```sql\n{q}\n```" for ex in sql for q in ex.gold_sqls]
@@ -254,6 +274,24 @@ def tiny_model_config(model_arch: str, vocab_size: int, *, eos_id: int, pad_id: 
     raise ValueError(f"model_arch must be one of {MODEL_ARCHS}, got {model_arch!r}")
 
 
+_REPORTED_CONFIG_KEYS = {
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "layer_types",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "eos_token_id",
+    "pad_token_id",
+    "bos_token_id",
+}
+
+
 @contextlib.contextmanager
 def _quiet_progress_bars() -> Iterator[None]:
     """Hide transformers' shard-writing bar for a 0.5 MB file, then restore the user's setting."""
@@ -268,7 +306,69 @@ def _quiet_progress_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _save_model(model_dir: Path, model_arch: str, seed: int, hf_tok: Any) -> dict[str, Any]:
+# Warm start: enough supervised steps that sampled answers are sometimes right, few enough that
+# they are often wrong (checked by tests/data/test_tiny_assets.py on sampled accuracy).
+# One model per task: a 143K-parameter model cannot hold both answer formats after a few
+# hundred steps. SQL sequences (~170 tokens) cost ~3x a math step.
+WARM_START_STEPS = {"math": 240, "sql": 160}
+WARM_START_BATCH = 16
+WARM_START_LR = 3e-3
+
+
+def _warm_start_batches(
+    hf_tok: Any, pairs: list[tuple[list[dict], str]], seed: int, steps: int
+) -> Iterator[tuple[Any, Any, Any]]:
+    """Right-padded (input_ids, attention_mask, labels) batches of prompt + answer + eos; loss only on the answer."""
+    import torch
+
+    eos_id = hf_tok.convert_tokens_to_ids(IM_END)
+    pad_id = hf_tok.convert_tokens_to_ids(ENDOFTEXT)
+    encoded = []
+    for messages, answer in pairs:
+        prompt = hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        target = hf_tok.encode(answer, add_special_tokens=False) + [eos_id]
+        encoded.append((list(prompt), target))
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        picks = torch.randint(len(encoded), (WARM_START_BATCH,), generator=generator).tolist()
+        rows = [encoded[i] for i in picks]
+        width = max(len(p) + len(t) for p, t in rows)
+        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, W]
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, W]
+        labels = torch.full((len(rows), width), -100, dtype=torch.long)  # [B, W]
+        for row, (prompt, target) in enumerate(rows):
+            sequence = prompt + target
+            input_ids[row, : len(sequence)] = torch.tensor(sequence)
+            attention_mask[row, : len(sequence)] = 1
+            labels[row, len(prompt) : len(sequence)] = torch.tensor(target)
+        yield input_ids, attention_mask, labels
+
+
+def _warm_start(model: Any, hf_tok: Any, pairs: list[tuple[list[dict], str]], seed: int, steps: int) -> float:
+    """A short seeded SFT pass; returns the last batch's loss."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=WARM_START_LR)
+    model.train()
+    loss_value = float("nan")
+    for input_ids, attention_mask, labels in _warm_start_batches(hf_tok, pairs, seed, steps):
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loss_value = float(loss.detach())
+    model.eval()
+    return round(loss_value, 4)
+
+
+def _save_model(
+    model_dir: Path,
+    model_arch: str,
+    seed: int,
+    hf_tok: Any,
+    warm_start_pairs: list[tuple[list[dict], str]],
+    warm_start_steps: int,
+) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -279,21 +379,16 @@ def _save_model(model_dir: Path, model_arch: str, seed: int, hf_tok: Any) -> dic
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        warm_start_loss = _warm_start(model, hf_tok, warm_start_pairs, seed, warm_start_steps)
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
     with _quiet_progress_bars():
         model.save_pretrained(model_dir, safe_serialization=True)
     return {
         "class": type(model).__name__,
         "num_parameters": sum(p.numel() for p in model.parameters()),
+        "warm_start": {"steps": warm_start_steps, "batch": WARM_START_BATCH, "final_loss": warm_start_loss},
         "config": {k: v for k, v in config.to_dict().items() if k in _REPORTED_CONFIG_KEYS},
     }
-
-
-_REPORTED_CONFIG_KEYS = {
-    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads", "head_dim", "layer_types", "max_position_embeddings",
-    "tie_word_embeddings", "eos_token_id", "pad_token_id", "bos_token_id",
-}
 
 
 # --------------------------------------------------------------------------- build
@@ -303,7 +398,7 @@ def _length_stats(lengths: list[int]) -> dict[str, float]:
     return {"min": min(lengths), "mean": round(statistics.fmean(lengths), 1), "max": max(lengths)}
 
 
-def _build_into(tmp: Path, final_root: Path, seed: int, model_arch: str) -> None:
+def _build_into(tmp: Path, final_root: Path, seed: int, model_arch: str, warm_start_steps: dict[str, int]) -> None:
     final = _assets_at(final_root, seed, model_arch)
     staged = _assets_at(tmp, seed, model_arch)
     math = tiny_math_examples(seed)
@@ -324,8 +419,9 @@ def _build_into(tmp: Path, final_root: Path, seed: int, model_arch: str) -> None
             )
             for e in sql[split]
         ]
-        split_rows = sql_rows(staged_examples, data_source=TINY_SQL_SOURCE, split=split, semantics="bird",
-                              instruction=SQL_INSTRUCTION)
+        split_rows = sql_rows(
+            staged_examples, data_source=TINY_SQL_SOURCE, split=split, semantics="bird", instruction=SQL_INSTRUCTION
+        )
         for row, ex in zip(split_rows, sql[split], strict=True):
             row["extra_info"]["db_path"] = str(ex.db_path)
         rows[f"sql_{split}"] = split_rows
@@ -338,7 +434,17 @@ def _build_into(tmp: Path, final_root: Path, seed: int, model_arch: str) -> None
         prompt_texts["math_train"] + prompt_texts["math_val"],
     )
     hf_tok = _save_tokenizer(_train_tokenizer(corpus, TARGET_VOCAB_SIZE), staged.model_dir)
-    model_info = _save_model(staged.model_dir, model_arch, seed, hf_tok)
+    warm_start_pairs = {
+        "math": [(r["prompt"], f"\\boxed{{{r['reward_model']['ground_truth']}}}") for r in rows["math_train"]],
+        "sql": [(r["prompt"], f"```sql\n{r['reward_model']['ground_truth']}\n```") for r in rows["sql_train"]],
+    }
+    model_info = _save_model(
+        staged.model_dir, model_arch, seed, hf_tok, warm_start_pairs["math"], warm_start_steps["math"]
+    )
+    hf_tok.save_pretrained(staged.sql_model_dir)
+    model_info["sql_model"] = _save_model(
+        staged.sql_model_dir, model_arch, seed, hf_tok, warm_start_pairs["sql"], warm_start_steps["sql"]
+    )["warm_start"]
 
     write_rl_parquet(rows["math_train"], staged.math_train, MATH_RL_SCHEMA)
     write_rl_parquet(rows["math_val"], staged.math_val, MATH_RL_SCHEMA)
@@ -347,7 +453,10 @@ def _build_into(tmp: Path, final_root: Path, seed: int, model_arch: str) -> None
 
     prompt_tokens = {
         key: _length_stats(
-            [len(hf_tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"]) for r in value]
+            [
+                len(hf_tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"])
+                for r in value
+            ]
         )
         for key, value in rows.items()
     }
@@ -355,6 +464,7 @@ def _build_into(tmp: Path, final_root: Path, seed: int, model_arch: str) -> None
         "format_version": ASSET_FORMAT_VERSION,
         "seed": seed,
         "model_arch": model_arch,
+        "warm_start_steps": warm_start_steps,
         "vocab_size": len(hf_tok),
         "model": model_info,
         "counts": {key: len(value) for key, value in rows.items()},
@@ -367,34 +477,51 @@ def _build_into(tmp: Path, final_root: Path, seed: int, model_arch: str) -> None
     os.replace(partial, tmp / MANIFEST_NAME)
 
 
+_BUILD_ENTRIES = {"model", "model_sql", "math", "sql", MANIFEST_NAME}
+
+
+def _check_replaceable(root: Path) -> None:
+    """Only an earlier (possibly partial) tiny-asset build or an empty folder may be replaced:
+    ``--output data/`` must never wipe a user's unrelated files."""
+    if root.exists() and not (root.is_dir() and {p.name for p in root.iterdir()} <= _BUILD_ENTRIES):
+        raise FileExistsError(
+            f"refusing to replace {root}: it holds files that are not tiny assets; choose an empty or new directory"
+        )
+
+
 def build_tiny_assets(
     root: Path | str | None = None,
     *,
     seed: int = 0,
     force: bool = False,
     model_arch: str = DEFAULT_MODEL_ARCH,
+    warm_start_steps: Mapping[str, int] | None = None,
 ) -> TinyAssets:
     """Build (or return the cached) tiny assets under ``root`` (default: ``default_root``).
 
-    ``force=True`` rebuilds even if a complete build exists. Same seed and arch give the same
+    ``force=True`` rebuilds even if a complete build exists. ``warm_start_steps`` (default
+    ``WARM_START_STEPS``) sets the supervised warm-start steps per task; tests of the build
+    mechanics pass a few steps to stay fast. Same seed and arch give the same
     bytes for every file except the SQL parquet files, which embed the absolute database path.
     """
     if model_arch not in MODEL_ARCHS:
         raise ValueError(f"model_arch must be one of {MODEL_ARCHS}, got {model_arch!r}")
+    steps = _resolve_warm_start(warm_start_steps)
     root = Path(root).expanduser().absolute() if root is not None else default_root(seed, model_arch).absolute()
     assets = _assets_at(root, seed, model_arch)
-    if not force and is_complete(root, seed=seed, model_arch=model_arch):
+    if not force and is_complete(root, seed=seed, model_arch=model_arch, warm_start_steps=steps):
         return assets
+    _check_replaceable(root)
     root.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive_lock(root.parent / f".{root.name}.lock"):
         # Another process may have finished the same build while we waited for the lock.
-        if not force and is_complete(root, seed=seed, model_arch=model_arch):
+        if not force and is_complete(root, seed=seed, model_arch=model_arch, warm_start_steps=steps):
             return assets
         token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp = root.parent / f".{root.name}.tmp-{token}"
         try:
             tmp.mkdir()
-            _build_into(tmp, root, seed, model_arch)
+            _build_into(tmp, root, seed, model_arch, steps)
             if root.exists():
                 # Directories cannot be replaced atomically when the target is non-empty:
                 # move the old tree aside first, then rename the new one into place.

@@ -23,16 +23,45 @@ from verl_replay.data.schema import SQLExample, execute_readonly
 TINY_SQL_SOURCE = "tiny_sql"
 DB_IDS = ("shop", "school")
 
-_PEOPLE = ("Alice", "Bob", "Carol", "Dan", "Eve", "Frank", "Grace", "Heidi", "Ivan", "Judy", "Ken", "Lena", "Mia", "Nick", "Olga", "Paul")
+_PEOPLE = (
+    "Alice",
+    "Bob",
+    "Carol",
+    "Dan",
+    "Eve",
+    "Frank",
+    "Grace",
+    "Heidi",
+    "Ivan",
+    "Judy",
+    "Ken",
+    "Lena",
+    "Mia",
+    "Nick",
+    "Olga",
+    "Paul",
+)
 _CITIES = ("Paris", "Berlin", "Rome", "Madrid", "Oslo")
 _PRODUCTS = ("pen", "book", "lamp", "mug", "desk", "chair", "bag", "cap", "ball", "clock", "kite", "vase")
 _CATEGORIES = ("office", "home", "sport")
-_COURSES = ("Algebra", "Biology", "Chemistry", "Drawing", "Economics", "French", "Geometry", "History", "Music", "Physics")
+_COURSES = (
+    "Algebra",
+    "Biology",
+    "Chemistry",
+    "Drawing",
+    "Economics",
+    "French",
+    "Geometry",
+    "History",
+    "Music",
+    "Physics",
+)
 _DEPTS = ("math", "science", "arts")
 
 SHOP_DDL = (
     "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, city TEXT NOT NULL)",
-    "CREATE TABLE products (id INTEGER PRIMARY KEY, name TEXT NOT NULL, category TEXT NOT NULL, price INTEGER NOT NULL)",
+    "CREATE TABLE products (id INTEGER PRIMARY KEY, name TEXT NOT NULL, category TEXT NOT NULL, price INTEGER NOT "
+    "NULL)",
     "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL REFERENCES customers(id), "
     "product_id INTEGER NOT NULL REFERENCES products(id), quantity INTEGER NOT NULL, day INTEGER NOT NULL)",
 )
@@ -88,7 +117,9 @@ def _shop_templates() -> list[_Template]:
 
     def city_count(r: Rows) -> list[Candidate]:
         cities = sorted({c[2] for c in r["customers"]})
-        return [(f"How many customers live in {c}?", [f"SELECT COUNT(*) FROM customers WHERE city = '{c}'"]) for c in cities]
+        return [
+            (f"How many customers live in {c}?", [f"SELECT COUNT(*) FROM customers WHERE city = '{c}'"]) for c in cities
+        ]
 
     def bought_category(r: Rows) -> list[Candidate]:
         return [
@@ -97,7 +128,8 @@ def _shop_templates() -> list[_Template]:
                 [
                     f"SELECT DISTINCT c.name FROM customers c JOIN orders o ON o.customer_id = c.id "
                     f"JOIN products p ON p.id = o.product_id WHERE p.category = '{cat}'",
-                    f"SELECT name FROM customers WHERE id IN (SELECT o.customer_id {cat_join} WHERE p.category = '{cat}')",
+                    f"SELECT name FROM customers WHERE id IN (SELECT o.customer_id {cat_join} WHERE p.category = "
+                    f"'{cat}')",
                     f"SELECT c.name FROM customers c WHERE EXISTS (SELECT 1 {cat_join} "
                     f"WHERE o.customer_id = c.id AND p.category = '{cat}')",
                 ],
@@ -132,8 +164,10 @@ def _shop_templates() -> list[_Template]:
                 "Which customers have not placed any order?",
                 [
                     "SELECT name FROM customers WHERE id NOT IN (SELECT customer_id FROM orders)",
-                    "SELECT c.name FROM customers c WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.customer_id = c.id)",
-                    "SELECT name FROM customers EXCEPT SELECT c.name FROM customers c JOIN orders o ON o.customer_id = c.id",
+                    "SELECT c.name FROM customers c WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.customer_id = "
+                    "c.id)",
+                    "SELECT name FROM customers EXCEPT SELECT c.name FROM customers c JOIN orders o ON "
+                    "o.customer_id = c.id",
                 ],
             ),
         ]
@@ -143,8 +177,10 @@ def _shop_templates() -> list[_Template]:
             (
                 f"Which customers placed more than {n} orders?",
                 [
-                    f"SELECT c.name FROM customers c JOIN orders o ON o.customer_id = c.id GROUP BY c.id HAVING COUNT(*) > {n}",
-                    f"SELECT name FROM customers c WHERE (SELECT COUNT(*) FROM orders o WHERE o.customer_id = c.id) > {n}",
+                    "SELECT c.name FROM customers c JOIN orders o ON o.customer_id = c.id GROUP BY c.id HAVING "
+                    f"COUNT(*) > {n}",
+                    "SELECT name FROM customers c WHERE (SELECT COUNT(*) FROM orders o WHERE o.customer_id = c.id) "
+                    f"> {n}",
                 ],
             )
             for n in range(2, 6)
@@ -156,7 +192,8 @@ def _shop_templates() -> list[_Template]:
                 f"What is the total quantity of {cat} products ordered?",
                 [
                     f"SELECT SUM(o.quantity) {cat_join} WHERE p.category = '{cat}'",
-                    f"SELECT SUM(quantity) FROM orders WHERE product_id IN (SELECT id FROM products WHERE category = '{cat}')",
+                    "SELECT SUM(quantity) FROM orders WHERE product_id IN (SELECT id FROM products WHERE category "
+                    f"= '{cat}')",
                 ],
             )
             for cat in _CATEGORIES
@@ -196,7 +233,8 @@ def _shop_templates() -> list[_Template]:
                 "Which products cost more than the average price?",
                 [
                     "SELECT name FROM products WHERE price > (SELECT AVG(price) FROM products)",
-                    "WITH a AS (SELECT AVG(price) AS v FROM products) SELECT p.name FROM products p, a WHERE p.price > a.v",
+                    "WITH a AS (SELECT AVG(price) AS v FROM products) SELECT p.name FROM products p, a WHERE "
+                    "p.price > a.v",
                 ],
             )
         ]
@@ -207,18 +245,32 @@ def _shop_templates() -> list[_Template]:
             (
                 f"Which customers bought both {a} and {b} products?",
                 [
-                    f"SELECT c.name FROM customers c JOIN orders o ON o.customer_id = c.id JOIN products p ON p.id = o.product_id "
-                    f"WHERE p.category = '{a}' INTERSECT SELECT c.name FROM customers c JOIN orders o ON o.customer_id = c.id "
+                    "SELECT c.name FROM customers c JOIN orders o ON o.customer_id = c.id JOIN products p ON p.id "
+                    "= o.product_id "
+                    f"WHERE p.category = '{a}' INTERSECT SELECT c.name FROM customers c JOIN orders o ON "
+                    "o.customer_id = c.id "
                     f"JOIN products p ON p.id = o.product_id WHERE p.category = '{b}'",
                     f"SELECT c.name FROM customers c WHERE EXISTS (SELECT 1 {cat_join} WHERE o.customer_id = c.id "
-                    f"AND p.category = '{a}') AND EXISTS (SELECT 1 {cat_join} WHERE o.customer_id = c.id AND p.category = '{b}')",
+                    f"AND p.category = '{a}') AND EXISTS (SELECT 1 {cat_join} WHERE o.customer_id = c.id AND "
+                    f"p.category = '{b}')",
                 ],
             )
             for a, b in pairs
         ]
 
-    makers = [city_customers, city_count, bought_category, city_orders, never_ordered, many_orders,
-              category_quantity, most_expensive, big_spenders, above_average, both_categories]
+    makers = [
+        city_customers,
+        city_count,
+        bought_category,
+        city_orders,
+        never_ordered,
+        many_orders,
+        category_quantity,
+        most_expensive,
+        big_spenders,
+        above_average,
+        both_categories,
+    ]
     return [_Template(f"shop.{m.__name__}", "shop", m) for m in makers]
 
 
@@ -248,8 +300,10 @@ def _school_templates() -> list[_Template]:
             (
                 f"What is the average grade in {t}?",
                 [
-                    f"SELECT AVG(e.grade) FROM enrollments e JOIN courses c ON c.id = e.course_id WHERE c.title = '{t}'",
-                    f"SELECT AVG(grade) FROM enrollments WHERE course_id = (SELECT id FROM courses WHERE title = '{t}')",
+                    "SELECT AVG(e.grade) FROM enrollments e JOIN courses c ON c.id = e.course_id WHERE c.title = "
+                    f"'{t}'",
+                    "SELECT AVG(grade) FROM enrollments WHERE course_id = (SELECT id FROM courses WHERE title = "
+                    f"'{t}')",
                 ],
             )
             for t in titles(r)
@@ -260,8 +314,10 @@ def _school_templates() -> list[_Template]:
             (
                 f"Which students take more than {n} courses?",
                 [
-                    f"SELECT s.name FROM students s JOIN enrollments e ON e.student_id = s.id GROUP BY s.id HAVING COUNT(*) > {n}",
-                    f"SELECT name FROM students s WHERE (SELECT COUNT(*) FROM enrollments e WHERE e.student_id = s.id) > {n}",
+                    "SELECT s.name FROM students s JOIN enrollments e ON e.student_id = s.id GROUP BY s.id HAVING "
+                    f"COUNT(*) > {n}",
+                    "SELECT name FROM students s WHERE (SELECT COUNT(*) FROM enrollments e WHERE e.student_id = "
+                    f"s.id) > {n}",
                 ],
             )
             for n in (1, 2, 3)
@@ -273,8 +329,10 @@ def _school_templates() -> list[_Template]:
                 "Which courses have no students?",
                 [
                     "SELECT title FROM courses WHERE id NOT IN (SELECT course_id FROM enrollments)",
-                    "SELECT c.title FROM courses c WHERE NOT EXISTS (SELECT 1 FROM enrollments e WHERE e.course_id = c.id)",
-                    "SELECT c.title FROM courses c LEFT JOIN enrollments e ON e.course_id = c.id WHERE e.student_id IS NULL",
+                    "SELECT c.title FROM courses c WHERE NOT EXISTS (SELECT 1 FROM enrollments e WHERE e.course_id "
+                    "= c.id)",
+                    "SELECT c.title FROM courses c LEFT JOIN enrollments e ON e.course_id = c.id WHERE "
+                    "e.student_id IS NULL",
                 ],
             )
         ]
@@ -360,8 +418,18 @@ def _school_templates() -> list[_Template]:
             for y in range(1, 5)
         ]
 
-    makers = [in_course, average_grade, busy_students, empty_courses, year_dept, top_dept, high_grades,
-              dept_count, best_in_course, best_grade_per_student]
+    makers = [
+        in_course,
+        average_grade,
+        busy_students,
+        empty_courses,
+        year_dept,
+        top_dept,
+        high_grades,
+        dept_count,
+        best_in_course,
+        best_grade_per_student,
+    ]
     return [_Template(f"school.{m.__name__}", "school", m) for m in makers]
 
 

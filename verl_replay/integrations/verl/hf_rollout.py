@@ -129,6 +129,7 @@ class HFRolloutServer:
         )
         self.model.eval()
         tokenizer = model_config.tokenizer
+        self.model_config_tokenizer = tokenizer
         self.eos_token_ids = self._eos_ids(self.model, tokenizer)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self._occurrences: dict[tuple, int] = defaultdict(int)

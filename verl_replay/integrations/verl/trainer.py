@@ -40,3 +40,4 @@ def replay_trainer_class(trainer_mode: str) -> type:
             f"trainer.v1.trainer_mode={trainer_mode!r} is not supported by verl_replay; "
             f"use one of: {', '.join(_TRAINERS)}"
         ) from None
+

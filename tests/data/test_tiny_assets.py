@@ -1,0 +1,431 @@
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import operator
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from verl_replay.data.prepare import MATH_RL_SCHEMA, SQL_RL_SCHEMA
+from verl_replay.data.schema import execute_readonly, schema_text
+from verl_replay.data.tiny_assets import (
+    ASSET_FORMAT_VERSION,
+    CHAT_TEMPLATE,
+    MANIFEST_NAME,
+    build_tiny_assets,
+    default_root,
+    is_complete,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+# Build-mechanics tests use a two-step warm start; the trained default is tested separately.
+FAST = {"math": 2, "sql": 2}
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _sql_rows_relative(path: Path, root: Path) -> list[dict]:
+    rows = pq.read_table(path).to_pylist()
+    for row in rows:
+        row["extra_info"]["db_path"] = Path(row["extra_info"]["db_path"]).relative_to(root).as_posix()
+    return rows
+
+
+def test_same_seed_gives_same_bytes_in_two_roots(tiny, tmp_path):
+    other = build_tiny_assets(tmp_path / "second", seed=0, warm_start_steps=FAST)
+    first, second = _hashes(tiny.root), _hashes(other.root)
+    assert sorted(first) == sorted(second)
+    # SQL parquet embeds the absolute database path, the manifest hashes that parquet.
+    path_dependent = {"sql/train.parquet", "sql/val.parquet", MANIFEST_NAME}
+    for rel in sorted(set(first) - path_dependent):
+        assert first[rel] == second[rel], rel
+    for split in ("train", "val"):
+        rel = f"sql/{split}.parquet"
+        assert _sql_rows_relative(tiny.root / rel, tiny.root) == _sql_rows_relative(other.root / rel, other.root)
+
+
+def test_other_seed_changes_data_and_weights(tiny, tmp_path):
+    other = build_tiny_assets(tmp_path / "seed1", seed=1, warm_start_steps=FAST)
+    assert other.manifest()["seed"] == 1
+    ours, theirs = tiny.manifest()["files"], other.manifest()["files"]
+    assert ours["math/train.parquet"] != theirs["math/train.parquet"]
+    assert ours["model/model.safetensors"] != theirs["model/model.safetensors"]
+    # Asking for seed 0 at a seed-1 root rebuilds it rather than returning the wrong assets.
+    rebuilt = build_tiny_assets(other.root, seed=0, warm_start_steps=FAST)
+    assert rebuilt.manifest()["seed"] == 0
+    assert rebuilt.manifest()["files"]["math/train.parquet"] == ours["math/train.parquet"]
+
+
+def test_complete_build_is_returned_without_rebuilding(tiny):
+    watched = [tiny.manifest_path, tiny.model_dir / "model.safetensors", tiny.sql_train]
+    before = [p.stat().st_mtime_ns for p in watched]
+    start = time.perf_counter()
+    again = build_tiny_assets(tiny.root, seed=0, warm_start_steps=FAST)
+    assert time.perf_counter() - start < 2.0
+    assert again == tiny and not again.built_now
+    assert [p.stat().st_mtime_ns for p in watched] == before
+
+
+def test_force_rebuilds_same_content(tmp_path):
+    assets = build_tiny_assets(tmp_path / "a", seed=0, warm_start_steps=FAST)
+    mtime = assets.manifest_path.stat().st_mtime_ns
+    hashes = assets.manifest()["files"]
+    time.sleep(0.01)
+    forced = build_tiny_assets(tmp_path / "a", seed=0, force=True, warm_start_steps=FAST)
+    assert forced.built_now
+    assert forced.manifest_path.stat().st_mtime_ns != mtime
+    assert forced.manifest()["files"] == hashes
+    assert not [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_damaged_build_is_detected_and_repaired(tmp_path):
+    assets = build_tiny_assets(tmp_path / "a", seed=0, warm_start_steps=FAST)
+    good = assets.math_val.read_bytes()
+    assets.math_val.write_bytes(good[:10])
+    assert not is_complete(assets.root, seed=0, model_arch="qwen3_5", warm_start_steps=FAST)
+    repaired = build_tiny_assets(tmp_path / "a", seed=0, warm_start_steps=FAST)
+    assert repaired.math_val.read_bytes() == good
+    (repaired.root / MANIFEST_NAME).unlink()  # a build without its marker is incomplete
+    assert not is_complete(repaired.root, seed=0, model_arch="qwen3_5", warm_start_steps=FAST)
+
+
+def test_concurrent_builders_produce_one_complete_build(tiny, tmp_path):
+    root = tmp_path / "shared"
+    code = (
+        "import sys, json; from verl_replay.data.tiny_assets import build_tiny_assets; "
+        "a = build_tiny_assets(sys.argv[1], warm_start_steps={'math': 2, 'sql': 2}); print(json.dumps([a.built_now, a.manifest()['files']]))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=240) for p in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err.decode()
+    reports = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs]
+    assert sorted(built for built, _ in reports) == [False, True]  # the lock let exactly one build
+    assert reports[0][1] == reports[1][1]
+    # Built in another process (other hash seeds) yet byte-identical to this session's build.
+    ours = tiny.manifest()["files"]
+    for rel, digest in reports[0][1].items():
+        if not rel.endswith(".parquet") or rel.startswith("math/"):
+            assert ours[rel] == digest, rel
+    assert is_complete(root, seed=0, model_arch="qwen3_5", warm_start_steps=FAST)
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name != "shared" and not p.name.endswith(".lock")]
+    assert leftovers == []
+
+
+def test_default_root_is_versioned_and_honours_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("VERL_REPLAY_CACHE", str(tmp_path))
+    assert default_root() == tmp_path / f"tiny-v{ASSET_FORMAT_VERSION}"
+    assert default_root(seed=3) != default_root()
+    assert default_root(model_arch="qwen2") != default_root()
+
+
+def test_refuses_to_replace_a_folder_with_other_files(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "bird_dev.parquet").write_bytes(b"user file")
+    with pytest.raises(FileExistsError, match="refusing to replace .*data: it holds files that are not tiny assets"):
+        build_tiny_assets(tmp_path / "data", warm_start_steps=FAST)
+    assert (tmp_path / "data" / "bird_dev.parquet").read_bytes() == b"user file"
+    (tmp_path / "empty").mkdir()
+    assert build_tiny_assets(tmp_path / "empty", warm_start_steps=FAST).built_now
+
+
+def test_unknown_arch_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="model_arch must be one of"):
+        build_tiny_assets(tmp_path / "x", model_arch="llama", warm_start_steps=FAST)
+
+
+def test_tokenizer_loads_with_autotokenizer_and_round_trips(tiny):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny.tokenizer)
+    assert len(tok) == tiny.manifest()["vocab_size"]
+    assert 512 <= len(tok) <= 1024
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert tok.bos_token is None
+    assert tok.pad_token_id != tok.eos_token_id
+    assert tok.model_max_length == 1024
+    text = "SELECT name FROM customers WHERE city = 'Zürich'; -- ünïcode ∑ 😀\n\tWhat is 12 + 30?"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text
+    # Digits are single tokens, like Qwen's tokenizer.
+    assert len(tok.encode("2026", add_special_tokens=False)) == 4
+    im_start = tok.convert_tokens_to_ids("<|im_start|>")
+    assert tok.encode("<|im_start|>user<|im_end|>", add_special_tokens=False)[0] == im_start
+    assert tok.encode("<|im_start|>user<|im_end|>", add_special_tokens=False)[-1] == tok.eos_token_id
+
+
+def test_chat_template_renders_qwen_format(tiny):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny.tokenizer)
+    assert tok.chat_template == CHAT_TEMPLATE
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 3?"}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert not tok.apply_chat_template(messages, tokenize=False).endswith("assistant\n")
+    encoded = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
+    assert tok.decode(ids) == text
+
+
+def _load_model(model_dir: Path):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
+    return config, model, AutoTokenizer.from_pretrained(model_dir)
+
+
+def _check_model(model_dir: Path, expected_class: str, expected_type: str) -> None:
+    config, model, tok = _load_model(model_dir)
+    assert type(model).__name__ == expected_class
+    assert config.model_type == expected_type
+    assert config.vocab_size == len(tok)
+    assert config.eos_token_id == tok.eos_token_id and config.pad_token_id == tok.pad_token_id
+    assert config.tie_word_embeddings and config.max_position_embeddings == 1024
+    assert model.get_input_embeddings().weight is model.get_output_embeddings().weight
+
+    # Right-padded batch of two prompts: padded logits equal the unpadded ones.
+    first = tok.apply_chat_template([{"role": "user", "content": "What is 7 + 5?"}], add_generation_prompt=True)[
+        "input_ids"
+    ]
+    second = first[:-4]
+    model.eval()
+    with torch.no_grad():
+        alone = [model(input_ids=torch.tensor([ids])).logits[0] for ids in (first, second)]
+        batch = torch.full((2, len(first)), tok.pad_token_id)
+        mask = torch.zeros_like(batch)
+        for row, ids in enumerate((first, second)):
+            batch[row, : len(ids)] = torch.tensor(ids)
+            mask[row, : len(ids)] = 1
+        padded = model(input_ids=batch, attention_mask=mask).logits  # [2, T, V]
+    torch.testing.assert_close(padded[0], alone[0])
+    torch.testing.assert_close(padded[1, : len(second)], alone[1])
+
+    model.train()
+    inputs = torch.randint(3, len(tok), (8, 64), generator=torch.Generator().manual_seed(0))
+    out = model(input_ids=inputs, labels=inputs)
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert sum(float(g.abs().sum()) for g in grads) > 0
+
+
+def test_qwen3_5_model_loads_and_trains_on_cpu(tiny):
+    manifest = tiny.manifest()["model"]
+    assert manifest["class"] == "Qwen3_5ForCausalLM"
+    assert set(manifest["config"]["layer_types"]) == {"linear_attention", "full_attention"}
+    _check_model(tiny.model_dir, "Qwen3_5ForCausalLM", "qwen3_5_text")
+
+
+def test_qwen2_fallback_model_loads_and_trains_on_cpu(tmp_path):
+    assets = build_tiny_assets(tmp_path / "q2", model_arch="qwen2", warm_start_steps=FAST)
+    _check_model(assets.model_dir, "Qwen2ForCausalLM", "qwen2")
+
+
+def test_parquet_schemas_and_rows(tiny):
+    manifest = tiny.manifest()
+    assert manifest["counts"] == {"math_train": 64, "math_val": 16, "sql_train": 48, "sql_val": 12}
+    question_ids = set()
+    for path, schema, source, ability in (
+        (tiny.math_train, MATH_RL_SCHEMA, "tiny_math", "math"),
+        (tiny.math_val, MATH_RL_SCHEMA, "tiny_math", "math"),
+        (tiny.sql_train, SQL_RL_SCHEMA, "tiny_sql", "sql"),
+        (tiny.sql_val, SQL_RL_SCHEMA, "tiny_sql", "sql"),
+    ):
+        table = pq.read_table(path)
+        assert table.schema.equals(schema, check_metadata=False), path
+        rows = table.to_pylist()
+        split = path.stem
+        assert [r["extra_info"]["index"] for r in rows] == list(range(len(rows)))
+        for row in rows:
+            assert row["data_source"] == source and row["ability"] == ability
+            assert row["reward_model"]["style"] == "rule" and row["reward_model"]["ground_truth"]
+            assert row["extra_info"]["split"] == split
+            assert [m["role"] for m in row["prompt"]] == ["user"]
+            question_ids.add(row["extra_info"]["question_id"])
+    assert len(question_ids) == sum(manifest["counts"].values())
+
+
+def _arithmetic(expression: str) -> int:
+    """Evaluate integer +, -, * expressions (the only ones tiny_math generates)."""
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+    def walk(node: ast.AST) -> int:
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        raise ValueError(f"unexpected expression {expression!r}")
+
+    return walk(ast.parse(expression, mode="eval").body)
+
+
+def test_math_ground_truths_are_correct(tiny):
+    rows = pq.read_table(tiny.math_train).to_pylist() + pq.read_table(tiny.math_val).to_pylist()
+    assert len({r["extra_info"]["question"] for r in rows}) == len(rows)
+    for row in rows:
+        question = row["extra_info"]["question"]
+        assert row["prompt"][0]["content"] == f"{question}\nPut the final answer in \\boxed{{}}."
+        if question.startswith("What is "):
+            expected = _arithmetic(question.removeprefix("What is ").removesuffix("?"))
+        else:
+            numbers = [int(w) for w in question.replace("?", "").split() if w.isdigit()]
+            expected = sum(numbers)
+        assert row["reward_model"]["ground_truth"] == str(expected), question
+
+
+def test_every_gold_sql_executes_on_its_database(tiny):
+    rows = pq.read_table(tiny.sql_train).to_pylist() + pq.read_table(tiny.sql_val).to_pylist()
+    multi_strategy = 0
+    for row in rows:
+        info = row["extra_info"]
+        db_path = Path(info["db_path"])
+        assert db_path.is_absolute() and db_path.is_file()
+        assert db_path.parent.parent == tiny.sql_db_root and info["db_id"] == db_path.stem
+        assert info["semantics"] == "bird" and info["evidence"] == ""
+        assert info["gold_sqls"][0] == row["reward_model"]["ground_truth"]
+        results = [set(execute_readonly(db_path, sql)) for sql in info["gold_sqls"]]
+        assert results[0], info["question"]
+        assert all(r == results[0] for r in results), info["question"]
+        multi_strategy += len(info["gold_sqls"]) > 1
+        content = row["prompt"][0]["content"]
+        assert schema_text(db_path) in content and f"Question: {info['question']}" in content
+        assert "```sql" in content
+    assert multi_strategy >= len(rows) // 2
+
+
+def test_prompts_are_short_and_stats_match(tiny):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny.tokenizer)
+    stats = tiny.manifest()["prompt_tokens"]
+    for key, path in (("sql_val", tiny.sql_val), ("math_val", tiny.math_val)):
+        lengths = [
+            len(tok.apply_chat_template(r["prompt"], add_generation_prompt=True)["input_ids"])
+            for r in pq.read_table(path).to_pylist()
+        ]
+        assert stats[key] == {"min": min(lengths), "mean": round(sum(lengths) / len(lengths), 1), "max": max(lengths)}
+    assert max(s["max"] for s in stats.values()) < 200
+
+
+def test_verl_rlhf_dataset_reads_the_parquet(tiny, tmp_path):
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    tok = AutoTokenizer.from_pretrained(tiny.tokenizer)
+    config = OmegaConf.create(
+        {
+            "prompt_key": "prompt",
+            "max_prompt_length": 256,
+            "filter_overlong_prompts": True,
+            "filter_overlong_prompts_workers": 1,
+            "truncation": "error",
+            "cache_dir": str(tmp_path / "verl_cache"),
+        }
+    )
+    for path, n_rows in ((tiny.sql_val, 12), (tiny.math_val, 16)):
+        dataset = RLHFDataset(str(path), tok, config)
+        assert len(dataset) == n_rows  # nothing filtered as overlong
+        item = dataset[3]
+        assert item["raw_prompt"][0]["role"] == "user"
+        assert item["reward_model"]["ground_truth"]
+        assert item["index"] == 3 and item["extra_info"]["index"] == 3
+    # Both SQL splits concatenate (same Arrow features).
+    both = RLHFDataset([str(tiny.sql_train), str(tiny.sql_val)], tok, config)
+    assert len(both) == 60
+
+
+def test_build_script_prints_paths_of_cached_assets(tiny_assets):
+    tiny = tiny_assets  # the script builds with the default warm start: reuse the cached build
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "build_tiny_assets.py"), "--root", str(tiny.root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(None, 1) for line in result.stdout.splitlines() if line.strip())
+    assert lines["model_dir"] == str(tiny.model_dir)
+    assert lines["sql_train"] == str(tiny.sql_train)
+    assert lines["sql_db_root"] == str(tiny.sql_db_root)
+    assert "Qwen3_5ForCausalLM" in lines["model"]
+
+
+@pytest.mark.parametrize("arch, separated", [("qwen2", True), ("qwen3_5", False)])
+def test_packed_sequences_on_cpu(tiny, tmp_path, arch, separated):
+    """Padding-free packing (one row, position_ids restarting at 0), as verl's use_remove_padding
+    feeds the actor. With sdpa, transformers separates packed sequences for the full-attention
+    layers, but the torch fallback of Qwen3.5's gated delta net (no flash-linear-attention on
+    CPU) carries state across the boundary, so a packed Qwen3.5 row is NOT equal to separate
+    rows on CPU. If this starts passing for qwen3_5, packing on CPU became safe."""
+    model_dir = (
+        tiny.model_dir if arch == "qwen3_5" else build_tiny_assets(tmp_path / "q2", model_arch="qwen2", warm_start_steps=FAST).model_dir
+    )
+    _, model, tok = _load_model(model_dir)
+    model.eval()
+    gen = torch.Generator().manual_seed(0)
+    first, second = (
+        torch.randint(3, len(tok), (1, 12), generator=gen),
+        torch.randint(3, len(tok), (1, 7), generator=gen),
+    )
+    with torch.no_grad():
+        alone = model(input_ids=second, use_cache=False).logits[0]  # [7, V]
+        packed = model(
+            input_ids=torch.cat([first, second], dim=1),
+            position_ids=torch.cat([torch.arange(12), torch.arange(7)])[None],
+            use_cache=False,
+        ).logits[0, 12:]  # [7, V]
+    assert torch.allclose(packed, alone, atol=1e-5) is separated
+
+
+def test_default_warm_start_gives_mixed_answers(tiny_assets):
+    """GRPO needs groups whose answers disagree: the default models must be right only sometimes."""
+    import pandas as pd
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl_replay.rewards import compute_score
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets.model_dir)
+    for model_dir, parquet in ((tiny_assets.model_dir, tiny_assets.math_train), (tiny_assets.sql_model_dir, tiny_assets.sql_train)):
+        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        rows = pd.read_parquet(parquet).head(12)
+        accs = []
+        torch.manual_seed(0)
+        for _, row in rows.iterrows():
+            prompt = tokenizer.apply_chat_template(list(row["prompt"]), add_generation_prompt=True, tokenize=True, return_dict=False)
+            outputs = model.generate(
+                torch.tensor([prompt] * 4), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                max_new_tokens=64, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            )
+            for output in outputs:
+                text = tokenizer.decode(output[len(prompt):], skip_special_tokens=True)
+                score = compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], dict(row["extra_info"]))
+                accs.append(score["acc"])
+        accuracy = sum(accs) / len(accs)
+        assert 0.0 < accuracy < 0.9, (model_dir.name, accuracy)

@@ -1,0 +1,125 @@
+"""The hf rollout server: sampling, log-prob numerics, determinism, weight sync (no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import torch
+
+from verl_replay.integrations.verl.hf_rollout import (
+    HFRolloutServer,
+    SeededSampler,
+    filter_top_k_top_p,
+    request_seed,
+)
+
+
+def test_filter_top_k_keeps_k_largest():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    out = filter_top_k_top_p(logits, top_k=2, top_p=1.0)
+    assert torch.isinf(out[0, 0]) and torch.isinf(out[0, 3])
+    torch.testing.assert_close(out[0, 1:3], torch.tensor([3.0, 2.0]))
+
+
+def test_filter_top_p_keeps_smallest_prefix_reaching_mass():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    logits = probs.log()
+    # cumulative mass before each token: 0, .5, .8, .95 -> keep tokens whose preceding mass < 0.7
+    out = filter_top_k_top_p(logits, top_k=-1, top_p=0.7)
+    assert torch.isfinite(out[0, :2]).all() and torch.isinf(out[0, 2:]).all()
+
+
+def test_request_seed_depends_on_content_not_order():
+    a = request_seed(1, 3, [5, 6, 7], 0)
+    assert a == request_seed(1, 3, [5, 6, 7], 0)
+    assert len({a, request_seed(1, 3, [5, 6, 7], 1), request_seed(1, 4, [5, 6, 7], 0), request_seed(2, 3, [5, 6, 7], 0)}) == 4
+    assert 0 <= a < 2**63
+
+
+def test_seeded_sampler_returns_one_hot_and_unfiltered_log_probs():
+    torch.manual_seed(0)
+    scores = torch.randn(3, 11)
+    sampler = SeededSampler([torch.Generator().manual_seed(i) for i in range(3)], temperature=0.7, top_k=5, top_p=0.9)
+    out = sampler(torch.zeros(3, 1, dtype=torch.long), scores)
+    chosen = out.argmax(dim=-1)
+    assert (torch.isfinite(out).sum(dim=-1) == 1).all()
+    expected = torch.log_softmax(scores / 0.7, dim=-1).gather(-1, chosen[:, None])[:, 0]
+    torch.testing.assert_close(sampler.step_log_probs[0], expected)
+    # the chosen token is always inside the top-k / top-p set
+    allowed = torch.isfinite(filter_top_k_top_p(scores / 0.7, 5, 0.9))
+    assert allowed.gather(-1, chosen[:, None]).all()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_assets):
+    from verl.workers.config import HFModelConfig, RolloutConfig
+
+    config = RolloutConfig(name="hf", prompt_length=128, response_length=12, tensor_model_parallel_size=1)
+    model_config = HFModelConfig(path=str(tiny_assets.model_dir))
+    return HFRolloutServer(config=config, model_config=model_config, replica_rank=0)
+
+
+def _generate_all(server: HFRolloutServer, prompts: list[list[int]], temperature: float = 1.0):
+    async def run():
+        return await asyncio.gather(
+            *[
+                server.generate(prompt_ids=p, sampling_params={"temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True}, request_id=str(i))
+                for i, p in enumerate(prompts)
+            ]
+        )
+
+    return asyncio.run(run())
+
+
+def _prompt(server: HFRolloutServer, text: str) -> list[int]:
+    return server.model_config_tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+
+
+def test_log_probs_match_teacher_forced_forward(server):
+    prompt = _prompt(server, "What is 2 + 3?")
+    (output,) = _generate_all(server, [prompt])
+    assert 1 <= len(output.token_ids) <= 12 and len(output.log_probs) == len(output.token_ids)
+    ids = torch.tensor([prompt + output.token_ids])
+    with torch.no_grad():
+        logits = server.model(input_ids=ids).logits[0, len(prompt) - 1 : -1]  # [R, V]
+    expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, torch.tensor(output.token_ids)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(output.log_probs), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_samples_do_not_depend_on_arrival_order_or_batching(server):
+    a = _prompt(server, "What is 1 + 1?")
+    b = _prompt(server, "What is 4 + 2?")
+    asyncio.run(server.set_global_steps(7))
+    first = _generate_all(server, [a, a, b, a])
+    asyncio.run(server.set_global_steps(8))
+    asyncio.run(server.set_global_steps(7))  # occurrence counters restart for the version
+    second = _generate_all(server, [b, a, a, a])
+    key = lambda outs, prompts: sorted((tuple(p), tuple(o.token_ids)) for p, o in zip(prompts, outs))
+    assert key(first, [a, a, b, a]) == key(second, [b, a, a, a])
+    # the three copies of prompt `a` are distinct samples, not one sample three times
+    assert len({tuple(o.token_ids) for o, p in zip(first, [a, a, b, a]) if p == a}) > 1
+
+
+def test_output_stops_at_eos_and_reports_version(server):
+    asyncio.run(server.set_global_steps(3))
+    outputs = _generate_all(server, [_prompt(server, f"What is {i} + 1?") for i in range(6)])
+    for output in outputs:
+        assert output.extra_fields["global_steps"] == 3
+        eos_positions = [i for i, t in enumerate(output.token_ids) if t in server.eos_token_ids]
+        assert eos_positions in ([], [len(output.token_ids) - 1])
+        assert all(math.isfinite(x) and x <= 0 for x in output.log_probs)
+
+
+def test_load_weights_changes_the_model_and_rejects_mismatches(server):
+    state = {k: v.clone() for k, v in server.model.state_dict().items()}
+    perturbed = {k: (v + 0.5 if v.is_floating_point() else v) for k, v in state.items()}
+    assert server.load_weights(perturbed) == len(perturbed)
+    name = next(k for k, v in state.items() if v.is_floating_point())
+    torch.testing.assert_close(server.model.state_dict()[name], perturbed[name])
+    server.load_weights(state)
+    with pytest.raises(RuntimeError, match="unexpected"):
+        server.load_weights({**state, "not.a.weight": torch.zeros(1)})
