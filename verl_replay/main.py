@@ -27,6 +27,8 @@ def _tiny_asset(name: str) -> str:
     assets = build_tiny_assets()
     paths = {
         "model": assets.model_dir,
+        "math_model": assets.model_dir,
+        "sql_model": assets.sql_model_dir,
         "tokenizer": assets.model_dir,
         "math_train": assets.math_train,
         "math_val": assets.math_val,

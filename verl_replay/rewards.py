@@ -22,7 +22,7 @@ from typing import Any
 
 from verl_replay.verifiers.extract import extract_sql
 
-__all__ = ["compute_score", "is_sql_source", "is_math_source"]
+__all__ = ["compute_score", "is_math_source", "is_sql_source"]
 
 _SQL_SOURCES = frozenset({"bird", "spider", "ambiqt", "tiny_sql"})
 # Substrings that identify math datasets as they appear in verl data_source fields
@@ -72,8 +72,15 @@ def _sql_score(data_source: str, solution_str: str, ground_truth: Any, extra_inf
     predicted = extract_sql(solution_str)
     if predicted is None:
         return _result(False, False, "no_sql", format_bonus)
+    golds = _as_list(ground_truth)
+    # verl_replay.data rows also list every gold interpretation (AmbiQT has two).
+    extra_golds = info.get("gold_sqls")
+    # parquet rows can hand over a numpy array, whose truth value is ambiguous
+    for extra_gold in [] if extra_golds is None else _as_list(extra_golds):
+        if extra_gold not in golds:
+            golds.append(extra_gold)
     reasons = ["gold_error"]
-    for gold in _as_list(ground_truth):  # correct if it matches any gold interpretation
+    for gold in golds:  # correct if it matches any gold interpretation
         outcome = verify_sql(db_path, predicted, str(gold), semantics=semantics, timeout_s=timeout_s)
         if outcome.correct:
             return _result(True, True, outcome.reason, format_bonus)
@@ -111,9 +118,12 @@ def compute_score(
 
     SQL sources (name starts with ``sql`` or is one of bird/spider/ambiqt/tiny_sql): the SQL
     is extracted from ``solution_str`` and executed against ``extra_info["db_path"]``;
-    ``ground_truth`` is the gold SQL (or a list: correct if any matches); semantics from
+    ``ground_truth`` is the gold SQL (or a list: correct if any matches; golds in
+    ``extra_info["gold_sqls"]`` count too); semantics from
     ``extra_info["semantics"]`` (default ``"spider"`` for spider, else ``"bird"``).
     Math sources (gsm8k, MATH, AIME, AMC, Minerva, OlympiadBench, ...): ``verify_math``.
+    Any other name is dispatched by the row's ``extra_info``: ``db_path`` -> SQL,
+    ``benchmark`` -> math (``verl_replay.data`` writes math training rows as ``"train"``).
 
     Keyword options: ``format_bonus`` (default 0.0) is the score of a well-formed but wrong
     answer (an SQL query that ran, a math answer that parsed); ``sql_timeout_s`` (5.0) and
@@ -121,13 +131,19 @@ def compute_score(
     not a model error); so does an SQL row without ``extra_info["db_path"]``.
     """
     format_bonus = float(kwargs.get("format_bonus", 0.0))
-    if is_sql_source(data_source):
+    info = extra_info if isinstance(extra_info, dict) else {}
+    # Name first; then the row's own schema (verl_replay.data.prepare): SQL rows carry
+    # extra_info["db_path"], math rows extra_info["benchmark"] -- math training sets are
+    # written with data_source="train", which names no task.
+    sql = is_sql_source(data_source) or (not is_math_source(data_source) and "db_path" in info)
+    if sql:
         timeout_s = float(kwargs.get("sql_timeout_s", 5.0))
         return _sql_score(data_source, solution_str, ground_truth, extra_info, format_bonus, timeout_s)
-    if is_math_source(data_source):
+    if is_math_source(data_source) or "benchmark" in info:
         timeout_s = float(kwargs.get("math_timeout_s", 5.0))
         return _math_score(solution_str, ground_truth, format_bonus, timeout_s)
     raise ValueError(
         f"compute_score: unknown data_source {data_source!r}; SQL sources start with 'sql' or are one of "
-        f"{sorted(_SQL_SOURCES)}, math sources contain one of {list(_MATH_MARKERS)}"
+        f"{sorted(_SQL_SOURCES)}, math sources contain one of {list(_MATH_MARKERS)}; otherwise "
+        "extra_info must carry 'db_path' (SQL) or 'benchmark' (math)"
     )

@@ -4,8 +4,17 @@ Everything here imports only the standard library at import time (math-verify/sy
 sqlglot are imported on first use).
 """
 
-from verl_replay.verifiers.extract import extract_boxed, extract_math_answer, extract_sql, strip_think
-from verl_replay.verifiers.math import MathVerification, shutdown_math_sandbox, verify_math
+from verl_replay.verifiers.extract import (
+    extract_boxed,
+    extract_math_answer,
+    extract_sql,
+    strip_think,
+)
+from verl_replay.verifiers.math import (
+    MathVerification,
+    shutdown_math_sandbox,
+    verify_math,
+)
 from verl_replay.verifiers.pool import TaskFailure, VerifierPool, in_pool_worker
 from verl_replay.verifiers.sql import (
     QueryResult,

@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 
 __all__ = [
-    "strip_think",
-    "extract_sql",
     "extract_boxed",
     "extract_math_answer",
+    "extract_sql",
+    "strip_think",
 ]
 
 _THINK_OPEN = "<think>"

@@ -49,7 +49,7 @@ from fractions import Fraction
 from verl_replay.verifiers.extract import extract_boxed, extract_math_answer
 from verl_replay.verifiers.pool import VerifierPool, in_pool_worker
 
-__all__ = ["MathVerification", "verify_math", "shutdown_math_sandbox", "REASONS", "HARD_KILL_GRACE_S"]
+__all__ = ["HARD_KILL_GRACE_S", "REASONS", "MathVerification", "shutdown_math_sandbox", "verify_math"]
 
 #: Reason codes of :class:`MathVerification`.
 REASONS: dict[str, str] = {
@@ -147,17 +147,20 @@ class _SilenceDisabledTimeoutWarning(logging.Filter):
         return "Timeout is disabled" not in record.getMessage()
 
 
+_SILENCER = _SilenceDisabledTimeoutWarning()
+
+
 def _import_math_verify():  # type: ignore[no-untyped-def]
     import math_verify
 
     for name in ("math_verify.parser", "math_verify.grader"):
-        logging.getLogger(name).addFilter(_SilenceDisabledTimeoutWarning())
+        logging.getLogger(name).addFilter(_SILENCER)  # no-op when already added
     return math_verify
 
 
 def _compare_with_math_verify(predicted: str, gold: str) -> tuple[bool, str, str]:
     """(correct, reason, detail) using math-verify with its signal timeouts disabled."""
-    mv = _import_math_verify()
+    mv = _import_math_verify()  # already imported by the caller; a dict lookup here
     gold_parsed = mv.parse("\\boxed{" + gold + "}", parsing_timeout=None)
     if not gold_parsed:
         return False, "gold_error", f"math-verify cannot parse the ground truth {gold!r}"
@@ -171,6 +174,9 @@ def _compare_with_math_verify(predicted: str, gold: str) -> tuple[bool, str, str
 
 def _verify_under_alarm(predicted: str, gold: str, timeout_s: float, path: str) -> MathVerification:
     """Run math-verify on this (main) thread, interrupted by SIGALRM at ``timeout_s``."""
+    # Import before arming the alarm: a cold import of sympy takes seconds and is not part of
+    # the verification, and an import interrupted half-way would leave broken modules behind.
+    _import_math_verify()
     start = time.monotonic()
 
     def on_alarm(_signum: int, _frame: object) -> None:
@@ -204,8 +210,11 @@ def _sandbox_failure(reason: str, detail: str) -> MathVerification:
 
 
 def _warm_sandbox_worker() -> None:
-    """Worker initializer: import sympy/math-verify and exercise them once, before tasks."""
+    """Worker initializer: import sympy/math-verify and exercise parsing and simplification
+    once, before tasks (the first simplify in a process pays ~1-2 s of lazy set-up that must
+    not count against a task's deadline)."""
     _compare_with_math_verify("\\frac{1}{2}", "0.5")
+    _compare_with_math_verify("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}")
 
 
 _sandbox_lock = threading.Lock()

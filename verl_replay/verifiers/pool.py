@@ -42,11 +42,12 @@ import threading
 import time
 import traceback
 import weakref
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
-__all__ = ["VerifierPool", "TaskFailure", "in_pool_worker"]
+__all__ = ["TaskFailure", "VerifierPool", "in_pool_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ _MAX_START_FAILURES = 5
 # Pools not closed by their owner are closed at interpreter exit (the supervisor thread keeps
 # each pool alive until then). atexit runs LIFO, so this runs before multiprocessing's own
 # exit hook and workers are stopped in order rather than left to PDEATHSIG.
-_LIVE_POOLS: "weakref.WeakSet[VerifierPool]" = weakref.WeakSet()
+_LIVE_POOLS: weakref.WeakSet[VerifierPool] = weakref.WeakSet()
 
 
 @atexit.register
@@ -69,7 +70,7 @@ def _close_live_pools() -> None:
     for pool in list(_LIVE_POOLS):
         try:
             pool.close(wait=False)
-        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+        except Exception:  # noqa: BLE001, S110 - best effort at interpreter exit
             pass
 
 
@@ -194,6 +195,7 @@ class _Worker:
         self.task: _Task | None = None
         self.deadline = float("inf")
         self.tasks_done = 0
+        self.eof = False  # its pipe hit EOF: the process is exiting
 
 
 class VerifierPool:
@@ -271,6 +273,8 @@ class VerifierPool:
         self._pending: collections.deque[_Task] = collections.deque()
         self._start_failures = 0
         self._broken = ""
+        self._n_ready = 0
+        self._all_ready = threading.Event()
         # Diagnostics (read by tests/benchmarks): every worker pid ever started.
         self.started_pids: list[int] = []
         self.replacements = 0
@@ -335,14 +339,19 @@ class VerifierPool:
         self._wake_r.close()
         self._wake_w.close()
 
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Block until all ``num_workers`` workers have started (imports and initializer
+        done); True if they have. Useful before timing-sensitive work or benchmarks."""
+        return self._all_ready.wait(timeout_s)
+
     def worker_pids(self) -> list[int]:
         """Pids of the live workers (snapshot; for diagnostics and tests)."""
         return [w.process.pid for w in list(self._workers) if w.process.pid is not None]
 
-    def __enter__(self) -> VerifierPool:
+    def __enter__(self) -> VerifierPool:  # noqa: PYI034 - not subclassed
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.close(wait=exc_type is None)
 
     @property
@@ -382,31 +391,45 @@ class VerifierPool:
         except Exception as exc:  # noqa: BLE001 - a broken failure factory must not kill the supervisor
             task.future.set_result(TaskFailure(reason=reason, detail=f"{value} (on_failure raised {exc!r})"))
 
-    def _reap(self, worker: _Worker, kill: bool) -> None:
+    def _reap(self, worker: _Worker, kill: bool) -> int | None:
+        """Kill (if asked and alive), wait for and release a worker; return its exit code."""
         if kill and worker.process.is_alive():
             worker.process.kill()
+        # Without kill this is only called for a process that is exiting (its sentinel or
+        # pipe reported it); join() must block: the sentinel can fire a moment before the
+        # kernel makes the exit status available.
         worker.process.join()
+        exitcode = worker.process.exitcode
         worker.conn.close()
         if hasattr(worker.process, "close"):
             worker.process.close()
+        return exitcode
 
     def _retire(self, worker: _Worker, reason: str, detail: str, kill: bool) -> None:
         """Remove a worker; fail its task (if any) with ``reason``."""
         self._workers.remove(worker)
-        exitcode = worker.process.exitcode
-        self._reap(worker, kill=kill)
+        if worker.ready:
+            self._set_ready_count(self._n_ready - 1)
+        exitcode = self._reap(worker, kill=kill)
         if worker.task is not None:
             if reason == "worker_crashed":
                 detail = f"{detail} (exit code {exitcode})"
             self._resolve(worker.task, False, detail, reason)
             worker.task = None
 
+    def _set_ready_count(self, count: int) -> None:
+        self._n_ready = count
+        if count >= self.num_workers:
+            self._all_ready.set()
+        else:
+            self._all_ready.clear()
+
     def _on_death(self, worker: _Worker) -> None:
         if not worker.ready:
             self._start_failures += 1
             if self._start_failures >= _MAX_START_FAILURES:
                 self._broken = f"{_MAX_START_FAILURES} workers in a row died before starting"
-        self._retire(worker, "worker_crashed", "worker process died", kill=True)
+        self._retire(worker, "worker_crashed", "worker process died", kill=False)
         self.replacements += 1
 
     def _handle_message(self, worker: _Worker) -> bool:
@@ -414,16 +437,16 @@ class VerifierPool:
         try:
             message = worker.conn.recv()
         except (EOFError, OSError):
-            # The worker closed its end: it is exiting. Reap it now rather than spinning on
-            # a readable-at-EOF pipe until the sentinel fires.
-            worker.process.join(timeout=1.0)
-            self._on_death(worker)
+            # The worker closed its end: it is exiting. Stop watching the pipe (it would stay
+            # readable at EOF) and let the process sentinel report the death.
+            worker.eof = True
             return False
         except Exception as exc:  # noqa: BLE001 - corrupt/unpicklable result
             message = ("done", worker.task.task_id if worker.task else -1, False, f"bad result: {exc!r}")
         if message[0] == "ready":
             worker.ready = True
             self._start_failures = 0
+            self._set_ready_count(self._n_ready + 1)
             return True
         _, task_id, ok, value = message
         task = worker.task
@@ -466,7 +489,7 @@ class VerifierPool:
 
     def _dispatch(self) -> None:
         now = time.monotonic()
-        for worker in [w for w in self._workers if w.ready and w.task is None]:
+        for worker in [w for w in self._workers if w.ready and w.task is None and not w.eof]:
             task = self._next_runnable()
             if task is None:
                 return
@@ -481,8 +504,11 @@ class VerifierPool:
     def _run(self) -> None:
         try:
             self._loop()
-        except BaseException:  # noqa: BLE001 - never leave callers waiting forever
+        except BaseException:
             logger.exception("VerifierPool supervisor failed")
+            with self._lock:
+                self._closing = True  # later submits raise instead of waiting forever
+            self._take_incoming()
             self._fail_pending("pool_closed", "supervisor failed")
             for worker in list(self._workers):
                 if worker.task is not None:
@@ -509,7 +535,8 @@ class VerifierPool:
             wait_s = None if next_deadline == float("inf") else max(0.0, next_deadline - now)
             waitables: list[Any] = [self._wake_r]
             for w in self._workers:
-                waitables.append(w.conn)
+                if not w.eof:
+                    waitables.append(w.conn)
                 waitables.append(w.process.sentinel)
             ready = set(multiprocessing.connection.wait(waitables, timeout=wait_s))
 
@@ -522,7 +549,12 @@ class VerifierPool:
             for worker in list(self._workers):
                 if worker.conn in ready:
                     # Drain everything (a result may be followed by the worker's exit).
-                    while worker in self._workers and worker.conn.poll() and self._handle_message(worker):
+                    while (
+                        worker in self._workers
+                        and not worker.eof
+                        and worker.conn.poll()
+                        and self._handle_message(worker)
+                    ):
                         pass
             for worker in list(self._workers):
                 if worker in self._workers and worker.process.sentinel in ready:

@@ -1,0 +1,184 @@
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from verl_replay.rewards import compute_score, is_math_source, is_sql_source
+from verl_replay.verifiers.math import shutdown_math_sandbox
+
+GOLD = "SELECT name FROM emp WHERE salary > 100"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_math_sandbox():  # type: ignore[no-untyped-def]
+    yield
+    shutdown_math_sandbox()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "dbs" / "hr.sqlite"
+    path.parent.mkdir()
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        """
+        CREATE TABLE emp (id INTEGER PRIMARY KEY, name TEXT, salary REAL);
+        INSERT INTO emp VALUES (1, 'ann', 120), (2, 'bob', 90), (3, 'cid', 150), (4, 'cid', 150);
+        CREATE TABLE big (a INTEGER);
+        """
+    )
+    conn.executemany("INSERT INTO big VALUES (?)", [(i,) for i in range(1000)])
+    conn.commit()
+    conn.close()
+    return path
+
+
+def answer(sql: str) -> str:
+    return f"<think>The user wants names.</think>\n```sql\n{sql};\n```"
+
+
+class TestSql:
+    def test_correct(self, db: Path) -> None:
+        out = compute_score("bird", answer("SELECT name FROM emp WHERE salary >= 120"), GOLD, {"db_path": str(db)})
+        assert out == {"score": 1.0, "acc": 1.0, "reason": "ok"}
+
+    def test_wrong_and_format_bonus(self, db: Path) -> None:
+        info = {"db_path": str(db)}
+        wrong = answer("SELECT name FROM emp")
+        assert compute_score("bird", wrong, GOLD, info) == {"score": 0.0, "acc": 0.0, "reason": "mismatch"}
+        shaped = compute_score("bird", wrong, GOLD, info, format_bonus=0.1)
+        assert shaped == {"score": 0.1, "acc": 0.0, "reason": "mismatch"}
+        # no bonus for output that is not a runnable query
+        assert compute_score("bird", "no sql here", GOLD, info, format_bonus=0.1) == {
+            "score": 0.0, "acc": 0.0, "reason": "no_sql"}
+        assert compute_score("bird", answer("DELETE FROM emp"), GOLD, info, format_bonus=0.1)["score"] == 0.0
+
+    def test_db_root_and_relative_path(self, db: Path) -> None:
+        info = {"db_path": "dbs/hr.sqlite", "db_root": str(db.parent.parent)}
+        assert compute_score("sql_bird_train", answer(GOLD), GOLD, info)["acc"] == 1.0
+
+    def test_spider_source_uses_bag_semantics_by_default(self, db: Path) -> None:
+        info = {"db_path": str(db)}
+        pred = answer("SELECT DISTINCT name FROM emp WHERE salary > 100")  # drops the duplicate 'cid'
+        assert compute_score("bird", pred, GOLD, info)["acc"] == 1.0  # set semantics
+        assert compute_score("spider", pred, GOLD, info)["reason"] == "mismatch"  # bag semantics
+        assert compute_score("bird", pred, GOLD, {**info, "semantics": "spider"})["acc"] == 0.0
+
+    def test_any_of_several_golds(self, db: Path) -> None:
+        golds = ["SELECT id FROM emp WHERE salary > 100", GOLD]  # AmbiQT: two interpretations
+        info = {"db_path": str(db)}
+        assert compute_score("ambiqt", answer(GOLD), golds, info)["acc"] == 1.0
+        assert compute_score("ambiqt", answer("SELECT 1"), golds, info)["reason"] == "mismatch"
+        # the prepared-data layout: one gold in ground_truth, all of them in extra_info
+        row_info = {**info, "gold_sqls": golds}
+        assert compute_score("ambiqt", answer("SELECT id FROM emp WHERE salary > 100"), GOLD, row_info)["acc"] == 1.0
+        assert compute_score("ambiqt", answer("SELECT id FROM emp WHERE salary > 100"), GOLD, info)["acc"] == 0.0
+
+    def test_timeout_is_fast_and_database_untouched(self, db: Path) -> None:
+        digest = hashlib.sha256(db.read_bytes()).hexdigest()
+        start = time.monotonic()
+        out = compute_score(
+            "tiny_sql", answer("SELECT count(*) FROM big a, big b, big c, big d"), GOLD, {"db_path": str(db)},
+            sql_timeout_s=0.5,
+        )
+        assert out == {"score": 0.0, "acc": 0.0, "reason": "timeout"}
+        assert time.monotonic() - start < 0.5 * 1.1
+        assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
+
+    def test_missing_db_path_is_a_configuration_error(self) -> None:
+        with pytest.raises(ValueError, match="db_path"):
+            compute_score("bird", answer(GOLD), GOLD, {})
+
+    def test_missing_database_file(self, tmp_path: Path) -> None:
+        out = compute_score("bird", answer(GOLD), GOLD, {"db_path": str(tmp_path / "nope.sqlite")})
+        assert out["reason"] == "db_missing" and out["acc"] == 0.0
+
+
+class TestMath:
+    @pytest.mark.parametrize(
+        ("solution", "gold", "acc"),
+        [
+            (r"... so the total is \boxed{42}.", "42", 1.0),
+            (r"\boxed{41}", "42", 0.0),
+            (r"\boxed{\frac{1}{2}}", "0.5", 1.0),
+            (r"\boxed{\frac{\sqrt{2}}{2}}", r"\frac{1}{\sqrt{2}}", 1.0),
+            (r"\boxed{\pi}", "3.14", 0.0),
+        ],
+    )
+    def test_scores(self, solution: str, gold: str, acc: float) -> None:
+        out = compute_score("lighteval/MATH", solution, gold)
+        assert out["acc"] == acc and out["score"] == acc
+        assert out["reason"] == ("ok" if acc else "mismatch")
+
+    def test_format_bonus_and_no_answer(self) -> None:
+        assert compute_score("openai/gsm8k", r"\boxed{7}", "8", format_bonus=0.2) == {
+            "score": 0.2, "acc": 0.0, "reason": "mismatch"}
+        assert compute_score("aime24", "I give up", "8", format_bonus=0.2) == {
+            "score": 0.0, "acc": 0.0, "reason": "no_answer"}
+
+    def test_pathological_answer_times_out(self) -> None:
+        compute_score("math_dapo", r"\boxed{\sqrt{4}}", "2")  # warm the sandbox
+        start = time.monotonic()
+        out = compute_score("math_dapo", r"\boxed{10^{10^{10}}}", "1", math_timeout_s=1.0)
+        assert out == {"score": 0.0, "acc": 0.0, "reason": "timeout"}
+        assert time.monotonic() - start < 1.0 + 1.0
+
+
+def test_threads_mixing_sql_and_math(db: Path) -> None:
+    info = {"db_path": str(db)}
+    calls = [
+        ("bird", answer(GOLD), GOLD, info, 1.0),
+        ("bird", answer("SELECT name FROM emp"), GOLD, info, 0.0),
+        ("MATH-500", r"\boxed{\frac{\sqrt{3}}{3}}", r"\frac{1}{\sqrt{3}}", None, 1.0),
+        ("gsm8k", "The answer is 12", "12", None, 1.0),
+    ] * 4
+    with ThreadPoolExecutor(max_workers=8) as ex:
+        outs = list(ex.map(lambda c: compute_score(c[0], c[1], c[2], c[3]), calls))
+    assert [o["acc"] for o in outs] == [c[4] for c in calls]
+
+
+def test_unknown_source_raises() -> None:
+    with pytest.raises(ValueError, match="unknown data_source"):
+        compute_score("imdb_sentiment", "positive", "positive")
+    with pytest.raises(ValueError, match="unknown data_source"):
+        compute_score("train", "positive", "positive", {"split": "train"})
+
+
+def test_unnamed_sources_dispatch_on_extra_info(db: Path) -> None:
+    # verl_replay.data writes math training rows with data_source="train"
+    math_row = {"split": "train", "index": 0, "question_id": "train-0", "benchmark": "train", "question": "?"}
+    assert compute_score("train", r"\boxed{12}", "12", math_row)["acc"] == 1.0
+    assert compute_score("train", r"\boxed{13}", "12", math_row)["reason"] == "mismatch"
+    assert compute_score("my_db_set", answer(GOLD), GOLD, {"db_path": str(db)})["acc"] == 1.0
+
+
+def test_source_classification() -> None:
+    assert all(is_sql_source(s) for s in ["bird", "spider", "ambiqt", "tiny_sql", "sql_custom", "SQL-x"])
+    assert not is_sql_source("mysqlish")
+    assert all(is_math_source(s) for s in ["lighteval/MATH", "openai/gsm8k", "aime25", "amc23", "minerva_math",
+                                           "olympiadbench", "math_dapo"])
+    assert not is_math_source("bird")
+
+
+def test_gold_sqls_as_numpy_array_from_parquet(tmp_path):
+    """verl hands extra_info from parquet rows; list columns can arrive as numpy arrays."""
+    import sqlite3
+
+    import numpy as np
+
+    from verl_replay.rewards import compute_score
+
+    db = tmp_path / "t.sqlite"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t (x INTEGER)")
+        conn.executemany("INSERT INTO t VALUES (?)", [(1,), (2,)])
+    extra = {"db_path": str(db), "gold_sqls": np.array(["SELECT x FROM t WHERE x = 2", "SELECT 2"], dtype=object)}
+    score = compute_score("tiny_sql", "```sql\nSELECT 2\n```", "SELECT x FROM t WHERE x = 2", extra)
+    assert score["acc"] == 1.0
+    empty = {"db_path": str(db), "gold_sqls": np.array([], dtype=object)}
+    assert compute_score("tiny_sql", "```sql\nSELECT 1\n```", "SELECT x FROM t WHERE x = 1", empty)["acc"] == 1.0
