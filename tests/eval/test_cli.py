@@ -1,0 +1,45 @@
+"""``python -m verl_replay.eval`` as a subprocess on the tiny SQL data and model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _run(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return subprocess.run(
+        [sys.executable, "-m", "verl_replay.eval", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_cli_smoke_on_tiny_sql(tiny_assets, tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    proc = _run(
+        "--data", str(tiny_assets.sql_val), "--model", str(tiny_assets.sql_model_dir), "--out", str(out),
+        "--limit", "2", "--n", "2", "--k", "1,2,8", "--max-new-tokens", "40", "--verify-workers", "1",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    table_lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    assert table_lines[0].split("|")[1].strip() == "benchmark"
+    assert any(line.startswith("| tiny_sql ") for line in table_lines)
+    assert "pass@2" in table_lines[0] and "pass@8" not in table_lines[0]  # k > n is skipped
+    assert (out / "table.md").read_text() in proc.stdout  # the same table is printed
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["config"]["n"] == 2 and doc["config"]["limit"] == 2 and doc["k_skipped"] == [8]
+    assert doc["benchmarks"]["tiny_sql"]["num_questions"] == 2
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 2 * 2
+    assert (out / "pass_at_k.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_reports_missing_data_file_without_traceback(tmp_path: Path) -> None:
+    proc = _run("--data", str(tmp_path / "missing.parquet"), "--model", "m", "--out", str(tmp_path / "o"),
+                cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert "no such parquet file" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
