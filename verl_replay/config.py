@@ -47,6 +47,8 @@ class ReplayConfig:
     max_scan_groups: Optional[int] = None
     ingress: str = "answer_disagree"
     event_log: Optional[str] = None
+    # Debugging/verification: record what each actor micro-batch trained on for replayed rows.
+    audit_dir: Optional[str] = None
     elite: EliteConfig = field(default_factory=EliteConfig)
 
     # ------------------------------------------------------------------ construction

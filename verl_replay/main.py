@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -61,9 +62,24 @@ def prepare_platform(config: DictConfig) -> None:
         set_platform(PlatformCPU())
 
 
+def keep_previous_metrics(metrics_path: Path) -> Optional[Path]:
+    """verl's file logger truncates its file; a resumed run keeps the earlier segment aside."""
+    if not metrics_path.exists() or metrics_path.stat().st_size == 0:
+        return None
+    index = 1
+    while (kept := metrics_path.with_name(f"{metrics_path.stem}.{index}{metrics_path.suffix}")).exists():
+        index += 1
+    metrics_path.rename(kept)
+    return kept
+
+
 def prepare_run_dir(config: DictConfig) -> Path:
     run_dir = Path(config.run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
+    if "VERL_FILE_LOGGER_PATH" not in os.environ:
+        kept = keep_previous_metrics(run_dir / "metrics.jsonl")
+        if kept is not None:
+            print(f"verl_replay: earlier metrics of this run dir kept in {kept}", flush=True)
     # verl's file logger reads this in the TaskRunner process (Ray inherits the driver's env)
     os.environ.setdefault("VERL_FILE_LOGGER_PATH", str(run_dir / "metrics.jsonl"))
     env_vars = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars")

@@ -1,0 +1,257 @@
+"""Conversion between verl's per-trajectory TransferQueue rows and compact ``ReplayGroup``s.
+
+A verl row (one response of a GRPO group) is a dict of fields as the agent loop writes them:
+token tensors (``prompts``, ``responses``, ``input_ids``, ``position_ids``, ``response_mask``,
+``loss_mask``, ``rm_scores``, ``rollout_log_probs``) plus dataset and bookkeeping fields
+(``raw_prompt``, ``data_source``, ``reward_model``, ``extra_info``, ``extra_fields``, ...). The
+buffer keeps the token tensors compactly and the rest as opaque metadata, so an injected replay
+row carries exactly the fields a fresh row has and verl's stages treat it like any other row.
+Fields the trainer derives every step (advantages, old/ref log-probs, entropy, ...) are not
+stored: the replay hooks write the stored anchor and advantages instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from verl_replay.headroom_drift.buffer import ReplayGroup
+
+# Token fields rebuilt from the compact group (checked at ingress, stored as metadata otherwise).
+CORE_FIELDS = frozenset(
+    {"prompts", "responses", "input_ids", "position_ids", "response_mask", "loss_mask", "rm_scores", "rollout_log_probs"}
+)
+# Written by the trainer during a step; a replayed row gets them again (or our stored values).
+DERIVED_FIELDS = frozenset(
+    {
+        "advantages", "returns", "old_log_probs", "ref_log_prob", "log_probs", "entropy", "values",
+        "token_level_rewards", "token_level_scores", "rollout_is_weights", "replay_source", "replay_group_id",
+    }
+)
+# Identity of the row inside one step; assigned anew at injection.
+IDENTITY_FIELDS = frozenset({"uid", "session_id", "global_steps"})
+
+# Per-row markers written on every row of an update: which stream the row comes from, and for
+# replayed groups the buffer's group id (-1 otherwise).
+REPLAY_SOURCE_FIELD = "replay_source"
+REPLAY_GROUP_FIELD = "replay_group_id"
+SOURCE_FRESH, SOURCE_GROUP_REPLAY, SOURCE_ELITE = 0, 1, 2
+
+
+class GroupNotReplayable(ValueError):
+    """A fresh group that cannot enter the buffer (reason in the message, counted in metrics)."""
+
+
+def plain(value: Any) -> Any:
+    """Python/tensor value for buffer metadata: numpy arrays and scalars become lists and numbers."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, np.ndarray):
+        return [plain(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    try:
+        return bool(a == b)
+    except Exception:  # values without a boolean equality are kept per row
+        return False
+
+
+def correctness_bit(row: Mapping[str, Any]) -> bool:
+    """c_i from the reward's ``acc`` (SPEC 1.4: answer correctness, not ``score > 0``)."""
+    extra = row.get("extra_fields") or {}
+    info = extra.get("reward_extra_info") if isinstance(extra, Mapping) else None
+    if not isinstance(info, Mapping) or "acc" not in info:
+        raise GroupNotReplayable(
+            "the reward function reports no 'acc' (answer correctness) in reward_extra_info; return "
+            "{'score': ..., 'acc': 0/1} from compute_score or set replay.ingress=nonzero_advantage"
+        )
+    return float(plain(info["acc"])) > 0.5
+
+
+def _first_valid(values: torch.Tensor, mask: torch.Tensor) -> float:
+    valid = torch.nonzero(mask != 0)
+    return float(values[valid[0, 0]]) if valid.numel() else 0.0
+
+
+def _score_tensor(length: int, score: float) -> torch.Tensor:
+    """verl's rule-based rm_scores: the sequence reward on the last response token."""
+    out = torch.zeros(length, dtype=torch.float32)
+    if length:
+        out[-1] = score
+    return out
+
+
+@dataclass(frozen=True)
+class RebuiltTokens:
+    prompts: torch.Tensor
+    responses: torch.Tensor
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    response_mask: torch.Tensor
+    rollout_log_probs: torch.Tensor
+    rm_scores: torch.Tensor
+
+
+def rebuild_tokens(prompt: torch.Tensor, response: torch.Tensor, mask: torch.Tensor, gen: torch.Tensor, score: float) -> RebuiltTokens:
+    input_ids = torch.cat([prompt, response])
+    return RebuiltTokens(
+        prompts=prompt,
+        responses=response,
+        input_ids=input_ids,
+        position_ids=torch.arange(input_ids.numel(), dtype=torch.int64),
+        response_mask=mask,
+        rollout_log_probs=gen,
+        rm_scores=_score_tensor(response.numel(), score),
+    )
+
+
+def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str) -> ReplayGroup:
+    """One GRPO group (the rows of one uid, session order) as a compact ``ReplayGroup``.
+
+    ``anchor_field`` names the per-token log-probs stored as l_gen: ``old_log_probs`` in
+    synchronous training, ``rollout_log_probs`` in the asynchronous modes (SPEC 1.4).
+    """
+    if not rows:
+        raise GroupNotReplayable("empty group")
+    prompt = torch.as_tensor(rows[0]["prompts"]).to(torch.int64)
+    responses, masks, gens, advantages, correct, scores, overrides = [], [], [], [], [], [], []
+    for row in rows:
+        row_prompt = torch.as_tensor(row["prompts"]).to(torch.int64)
+        if not torch.equal(row_prompt, prompt):
+            raise GroupNotReplayable("the group's rows do not share one prompt (multi-turn trajectories)")
+        response = torch.as_tensor(row["responses"]).to(torch.int64)
+        mask = torch.as_tensor(row["response_mask"]).to(torch.int64)
+        gen = torch.as_tensor(row[anchor_field]).to(torch.float32)
+        if gen.numel() != response.numel() or mask.numel() != response.numel():
+            raise GroupNotReplayable(f"{anchor_field} / response_mask do not align with responses")
+        score = float(torch.as_tensor(row["rm_scores"]).to(torch.float32).sum())
+        rebuilt = rebuild_tokens(prompt, response, mask, gen, score)
+        override = {}
+        for name in ("input_ids", "position_ids", "rm_scores", "loss_mask", "rollout_log_probs"):
+            if name not in row:
+                continue
+            expected = mask if name == "loss_mask" else getattr(rebuilt, name)
+            actual = torch.as_tensor(row[name])
+            if actual.shape != expected.shape or not torch.equal(actual.to(expected.dtype), expected):
+                override[name] = actual.detach().cpu().clone()
+        responses.append(response)
+        masks.append(mask)
+        gens.append(gen)
+        advantages.append(_first_valid(torch.as_tensor(row["advantages"]).float(), mask))
+        correct.append(correctness_bit(row))
+        scores.append(score)
+        overrides.append(override)
+
+    field_names = [k for k in rows[0].keys() if k not in CORE_FIELDS | DERIVED_FIELDS | IDENTITY_FIELDS]
+    shared: dict[str, Any] = {}
+    per_row: list[dict[str, Any]] = [dict(o) for o in overrides]
+    for name in field_names:
+        values = [row.get(name) for row in rows]
+        if all(_same(values[0], v) for v in values[1:]):
+            shared[name] = plain(values[0])
+        else:
+            for target, value in zip(per_row, values, strict=True):
+                target[name] = plain(value)
+    return ReplayGroup(
+        prompt_ids=prompt,
+        response_ids=torch.cat(responses),
+        response_lengths=torch.tensor([r.numel() for r in responses], dtype=torch.int64),
+        response_mask=torch.cat(masks) != 0,
+        gen_log_probs=torch.cat(gens),
+        advantages=torch.tensor(advantages, dtype=torch.float32),
+        correct=torch.tensor(correct, dtype=torch.bool),
+        scores=torch.tensor(scores, dtype=torch.float32),
+        meta={"shared": shared, "per_row": per_row, "source_uid": str(rows[0].get("uid", ""))},
+    )
+
+
+def group_to_rows(group: ReplayGroup, *, uid: str, global_steps: int) -> list[dict[str, Any]]:
+    """verl rows for an injected replay group: one row per response, session ids 0..n-1."""
+    offsets = group.response_offsets().tolist()
+    prompt = group.prompt_ids.to(torch.int64)
+    shared = group.meta.get("shared", {})
+    per_row = group.meta.get("per_row", [{}] * group.n)
+    rows = []
+    for i in range(group.n):
+        start, end = offsets[i], offsets[i + 1]
+        response = group.response_ids[start:end].to(torch.int64)
+        mask = group.response_mask[start:end].to(torch.int64)
+        gen = group.gen_log_probs[start:end].clone()
+        rebuilt = rebuild_tokens(prompt, response, mask, gen, float(group.scores[i]))
+        row: dict[str, Any] = {**shared, **per_row[i]}
+        row.update(
+            prompts=prompt.clone(),
+            responses=response,
+            input_ids=row.pop("input_ids", rebuilt.input_ids),
+            position_ids=row.pop("position_ids", rebuilt.position_ids),
+            response_mask=mask,
+            loss_mask=row.pop("loss_mask", mask.clone()),
+            rm_scores=row.pop("rm_scores", rebuilt.rm_scores),
+            # The rollout log-probs of a replayed row are its anchor: with rollout correction on,
+            # its IS weight is exactly 1 (SPEC 1.3).
+            rollout_log_probs=gen.clone(),
+            uid=uid,
+            session_id=i,
+            global_steps=global_steps,
+        )
+        rows.append(row)
+    return rows
+
+
+def row_key(uid: str, session_id: int, index: int = 0) -> str:
+    """verl's trajectory key ``{uid}_{session}_{index}``."""
+    return f"{uid}_{session_id}_{index}"
+
+
+def row_tag(row: Mapping[str, Any], *, global_steps: int, **extra: Any) -> dict[str, Any]:
+    prompt_len, response_len = int(row["prompts"].numel()), int(row["responses"].numel())
+    return {
+        "status": "success",
+        "prompt_len": prompt_len,
+        "response_len": response_len,
+        "seq_len": prompt_len + response_len,
+        "global_steps": global_steps,
+        "min_global_steps": global_steps,
+        "max_global_steps": global_steps,
+        **extra,
+    }
+
+
+def split_rows(data: Any, size: int) -> list[dict[str, Any]]:
+    """Rows of a TensorDict fetched from TransferQueue (nested tensors and non-tensor stacks)."""
+    rows: list[dict[str, Any]] = [{} for _ in range(size)]
+    for name in data.keys():
+        values = data[name]
+        if isinstance(values, torch.Tensor):
+            items = values.unbind(0)
+        else:
+            items = list(values)
+        if len(items) != size:
+            raise ValueError(f"field {name!r} has {len(items)} rows, expected {size}")
+        for row, item in zip(rows, items, strict=True):
+            row[name] = item
+    return rows
+
+
+def group_keys_by_uid(keys: Sequence[str]) -> dict[str, list[tuple[int, int, int]]]:
+    """uid -> [(session_id, output_index, position in keys)], sessions in ascending order."""
+    groups: dict[str, list[tuple[int, int, int]]] = {}
+    for position, key in enumerate(keys):
+        uid, session, index = key.rsplit("_", 2)
+        groups.setdefault(uid, []).append((int(session), int(index), position))
+    for members in groups.values():
+        members.sort()
+    return groups
