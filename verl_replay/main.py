@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl_replay.config import ReplayConfig, ReplayConfigError
 
 TINY_ASSET_RESOLVER = "tiny_asset"
+REQUIRED_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path")
 
 
 def _tiny_asset(name: str) -> str:
@@ -89,6 +90,28 @@ def prepare_run_dir(config: DictConfig) -> Path:
     return run_dir
 
 
+def check_trainer_mode(config: DictConfig) -> None:
+    """What verl's v1 trainers assert in their constructors, checked before any GPU is touched."""
+    from verl_replay.integrations.verl.trainer import replay_trainer_class
+
+    mode = config.trainer.v1.trainer_mode
+    replay_trainer_class(mode)
+    if mode != "separate_async":
+        return
+    sync_steps = config.trainer.v1.separate_async.parameter_sync_step
+    mini = config.actor_rollout_ref.actor.ppo_mini_batch_size
+    if config.data.train_batch_size != sync_steps * mini:
+        raise ValueError(
+            f"separate_async needs data.train_batch_size == trainer.v1.separate_async.parameter_sync_step * "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size, got {config.data.train_batch_size} != {sync_steps} * {mini}"
+        )
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.nnodes <= 0 or rollout.n_gpus_per_node <= 0:
+        raise ValueError("separate_async needs actor_rollout_ref.rollout.nnodes and n_gpus_per_node > 0")
+    if rollout.checkpoint_engine.backend == "naive":
+        raise ValueError("separate_async needs actor_rollout_ref.rollout.checkpoint_engine.backend=nccl (or nixl, ...)")
+
+
 def run(config: DictConfig) -> None:
     try:
         replay_config = ReplayConfig.from_mapping(config.get("replay"))
@@ -97,17 +120,32 @@ def run(config: DictConfig) -> None:
     # Absolute, so checkpoints and logs land in the same place whatever a Ray worker's cwd is.
     config.run_dir = str(Path(config.run_dir).absolute())
     OmegaConf.resolve(config)  # tiny assets are built here, in the driver, once
+    # verl leaves some keys of unused components mandatory-missing (e.g. the reward model's
+    # rollout); only the ones every run needs are checked.
+    missing = sorted(set(REQUIRED_KEYS) & OmegaConf.missing_keys(config))
+    if missing:
+        raise SystemExit(f"verl_replay: these settings are required and have no value: {', '.join(missing)}")
+
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    if config.get("dry_run", False):
+        check_trainer_mode(config)
+        validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+        print(OmegaConf.to_yaml(config), flush=True)
+        print(f"verl_replay: dry run OK (strategy={replay_config.strategy}, trainer_mode={config.trainer.v1.trainer_mode})")
+        return
+
     prepare_platform(config)
     run_dir = prepare_run_dir(config)
 
     from verl.trainer.main_ppo import run_ppo
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
     from verl_replay.integrations.verl.task_runner import ReplayTaskRunner
 
     auto_set_device(config)
+    check_trainer_mode(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     print(f"verl_replay: strategy={replay_config.strategy} run_dir={run_dir}", flush=True)
     run_ppo(config, task_runner_class=ReplayTaskRunner)
