@@ -120,9 +120,7 @@ def run(config: DictConfig) -> None:
     # Absolute, so checkpoints and logs land in the same place whatever a Ray worker's cwd is.
     config.run_dir = str(Path(config.run_dir).absolute())
     OmegaConf.resolve(config)  # tiny assets are built here, in the driver, once
-    # verl leaves some keys of unused components mandatory-missing (e.g. the reward model's
-    # rollout); only the ones every run needs are checked.
-    missing = sorted(set(REQUIRED_KEYS) & OmegaConf.missing_keys(config))
+    missing = [key for key in REQUIRED_KEYS if OmegaConf.select(config, key) in (None, "", [])]
     if missing:
         raise SystemExit(f"verl_replay: these settings are required and have no value: {', '.join(missing)}")
 
