@@ -112,6 +112,20 @@ def check_trainer_mode(config: DictConfig) -> None:
         raise ValueError("separate_async needs actor_rollout_ref.rollout.checkpoint_engine.backend=nccl (or nixl, ...)")
 
 
+def preflight_elite_archive(config: DictConfig, replay_config: ReplayConfig) -> None:
+    from transformers import AutoTokenizer
+
+    from verl_replay.integrations.verl.elite_replay import preflight_archive
+
+    train_files = config.data.train_files
+    train_files = [train_files] if isinstance(train_files, str) else list(train_files)
+    tokenizer = AutoTokenizer.from_pretrained(config.actor_rollout_ref.model.path)
+    try:
+        preflight_archive(replay_config, tokenizer=tokenizer, train_files=train_files)
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"verl_replay: replay.elite.archive cannot be used for this run: {error}") from None
+
+
 def run(config: DictConfig) -> None:
     try:
         replay_config = ReplayConfig.from_mapping(config.get("replay"))
@@ -135,6 +149,8 @@ def run(config: DictConfig) -> None:
         return
 
     prepare_platform(config)
+    if replay_config.uses_elite:
+        preflight_elite_archive(config, replay_config)
     run_dir = prepare_run_dir(config)
 
     from verl.trainer.main_ppo import run_ppo

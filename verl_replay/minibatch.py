@@ -49,3 +49,22 @@ def plan_mini_batches(num_groups: int, configured_groups: int, rows_per_group: i
             f"{row_multiple} (data-parallel size x micro-batch size per GPU)"
         )
     return MiniBatchPlan(num_groups, num_mini_batches, groups, num_mini_batches * groups)
+
+
+def stratified_order(categories: list[int]) -> list[int]:
+    """A permutation spreading each category evenly along the sequence.
+
+    verl cuts each data-parallel rank's rows into consecutive mini-batches. Ordering the rows so
+    that every category (fresh, replayed, elite, padding) sits at evenly spaced positions gives
+    every mini-batch its proportional share of each, so no optimiser step is made of replay or
+    padding rows alone. Row k of a category with c rows is placed at fractional position
+    (k + 1/2) / c; ties keep category order. Returns indices into ``categories``.
+    """
+    by_category: dict[int, list[int]] = {}
+    for index, category in enumerate(categories):
+        by_category.setdefault(category, []).append(index)
+    keyed = []
+    for category, members in sorted(by_category.items()):
+        count = len(members)
+        keyed.extend(((k + 0.5) / count, category, index) for k, index in enumerate(members))
+    return [index for _, _, index in sorted(keyed)]

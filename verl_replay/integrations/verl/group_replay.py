@@ -230,7 +230,6 @@ class GroupReplayController:
             keys = [key for key, _ in fresh]
             data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id)
             rows = split_rows(data, len(keys))
-            fresh_tokens = sum(int(torch.as_tensor(r["response_mask"]).sum()) for r in rows)
             for uid, members in self._canonical_groups(keys, rows):
                 if any(index != 0 for _, index, _ in members):
                     stats["skipped_ingress"] += 1  # multi-output agent sessions are not replayable
@@ -242,9 +241,6 @@ class GroupReplayController:
                         raise
                     logger.info("group %s not replayable: %s", uid, reason)
                     stats["skipped_ingress"] += 1
-            replay_tokens = self._step_stats.get("replay_tokens", 0.0)
-            total = fresh_tokens + replay_tokens
-            stats["token_share"] = replay_tokens / total if total else 0.0
         admitted = self.buffer.admit(groups, step)
         if self.event_log is not None:
             self.event_log.log_admit(admitted)

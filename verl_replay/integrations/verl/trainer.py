@@ -20,7 +20,7 @@ import contextlib
 import logging
 import math
 import os
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -34,10 +34,17 @@ from verl.trainer.ppo.v1 import PPOTrainerSeparateAsync, PPOTrainerSync
 from verl.utils.debug.metrics import calculate_debug_metrics
 
 from verl_replay.config import ReplayConfig
-from verl_replay.integrations.verl.group_replay import GroupReplayController, PolicyScorer
 from verl_replay.integrations.verl.actor_loss import ReplayActorLoss
-from verl_replay.integrations.verl.rows import REPLAY_GROUP_FIELD, REPLAY_SOURCE_FIELD, SOURCE_FRESH
-from verl_replay.minibatch import plan_mini_batches
+from verl_replay.integrations.verl.group_replay import GroupReplayController, PolicyScorer
+from verl_replay.integrations.verl.rows import (
+    REPLAY_GROUP_FIELD,
+    REPLAY_SOURCE_FIELD,
+    SOURCE_ELITE,
+    SOURCE_FRESH,
+    SOURCE_GROUP_REPLAY,
+    split_rows,
+)
+from verl_replay.minibatch import plan_mini_batches, stratified_order
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +68,49 @@ class ReplayTrainerMixin:
         self.group_replay: Optional[GroupReplayController] = None
         if self.replay_config.uses_group_buffer:
             self.group_replay = GroupReplayController(self.replay_config, anchor_field=self._anchor_field())
+        self.elite_replay = None  # built with the tokenizer, before any worker starts
         self._mini_batch_groups: Optional[int] = None
+
+    @property
+    def _replay_active(self) -> bool:
+        return self.group_replay is not None or self.elite_replay is not None
 
     # ------------------------------------------------------------------ setup
 
+    def _init_tokenizer(self) -> None:
+        super()._init_tokenizer()
+        if self.replay_config.uses_elite:
+            from verl_replay.integrations.verl.elite_replay import EliteReplayController
+
+            train_files = self.config.data.train_files
+            train_files = [train_files] if isinstance(train_files, str) else list(train_files)
+            self.elite_replay = EliteReplayController(
+                self.replay_config,
+                tokenizer=self.tokenizer,
+                train_files=train_files,
+                max_prompt_length=int(self.config.data.max_prompt_length),
+                max_response_length=int(self.config.data.max_response_length),
+                chat_template_kwargs=self.config.data.get("apply_chat_template_kwargs", None),
+            )
+
+    def _init_resource_pool_mgr(self) -> None:
+        super()._init_resource_pool_mgr()
+        if not self.replay_config.uses_elite:
+            return
+        # The actor must count each mini-batch's elite rows (the NLL term's denominator).
+        import ray
+        from verl.trainer.ppo.utils import Role
+
+        from verl_replay.integrations.verl.workers import ReplayActorRolloutRefWorker, ReplayDetachActorWorker
+
+        worker_cls = ReplayActorRolloutRefWorker if self.trainer_mode == "sync" else ReplayDetachActorWorker
+        for role in (Role.Actor, Role.ActorRollout, Role.ActorRolloutRef):
+            if role in self.role_worker_mapping:
+                self.role_worker_mapping[role] = ray.remote(worker_cls)
+
     def _setup(self) -> None:
         super()._setup()
-        if self.replay_config.audit_dir:
+        if self.replay_config.uses_elite or self.replay_config.audit_dir:
             self.actor_rollout_wg.set_loss_fn(self._build_actor_loss())
 
     def _build_actor_loss(self) -> ReplayActorLoss:
@@ -80,7 +123,12 @@ class ReplayTrainerMixin:
             raise ValueError("verl_replay's actor loss does not compose with on-policy distillation")
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
         actor_config.model_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.model, dataclass_type=HFModelConfig)
-        return ReplayActorLoss(actor_config, audit_dir=self.replay_config.audit_dir)
+        return ReplayActorLoss(
+            actor_config,
+            elite=self.replay_config.uses_elite,
+            mu=self.replay_config.elite.mu,
+            audit_dir=self.replay_config.audit_dir,
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -138,29 +186,68 @@ class ReplayTrainerMixin:
 
     def _balance_batch(self, batch: KVBatchMeta, metrics: dict, logging_prefix: str = "global_seqlen", keep_minibatch: bool = False):
         self._mini_batch_groups = None
-        if self.group_replay is None or logging_prefix != "global_seqlen":
+        if not self._replay_active or logging_prefix != "global_seqlen":
             return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
-        fresh_groups = len({key.rsplit("_", 2)[0] for key, tag in zip(batch.keys, batch.tags) if is_fresh(tag)})
+        fresh_keys = [key for key, tag in zip(batch.keys, batch.tags) if is_fresh(tag)]
+        fresh_groups = len({key.rsplit("_", 2)[0] for key in fresh_keys})
         self._mark_fresh_rows(batch)
         dp_size = self._actor_dp_size()
-        scorer = PolicyScorer(
-            compute_log_prob=self.actor_rollout_wg.compute_log_prob,
-            row_multiple=self._micro_batch_rows(dp_size, training=False),
-            temperature=self.config.actor_rollout_ref.rollout.temperature,
-        )
-        batch, stats = self.group_replay.inject(batch, scorer, step=self.global_steps)
-        metrics.update(prefixed(stats, "replay/"))
-        replay_groups = int(stats.get("accepted", 0))
+        replay_groups = 0
+        if self.group_replay is not None:
+            scorer = PolicyScorer(
+                compute_log_prob=self.actor_rollout_wg.compute_log_prob,
+                row_multiple=self._micro_batch_rows(dp_size, training=False),
+                temperature=self.config.actor_rollout_ref.rollout.temperature,
+            )
+            batch, stats = self.group_replay.inject(batch, scorer, step=self.global_steps)
+            metrics.update(prefixed(stats, "replay/"))
+            replay_groups = int(stats.get("accepted", 0))
+        rows_per_group = int(self.config.actor_rollout_ref.rollout.n)
+        elite_units = 0
+        if self.elite_replay is not None and fresh_keys:
+            template = split_rows(tq.kv_batch_get(keys=fresh_keys[:1], partition_id=batch.partition_id), 1)[0]
+            batch, stats = self.elite_replay.inject(batch, template, step=self.global_steps)
+            metrics.update(prefixed(stats, "replay/elite/"))
+            elite_units = math.ceil(int(stats["examples"]) / rows_per_group)
         plan = plan_mini_batches(
-            num_groups=fresh_groups + replay_groups,
+            num_groups=fresh_groups + replay_groups + elite_units,
             configured_groups=int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size),
-            rows_per_group=int(self.config.actor_rollout_ref.rollout.n),
+            rows_per_group=rows_per_group,
             row_multiple=self._micro_batch_rows(dp_size, training=True),
         )
         self._mini_batch_groups = plan.groups_per_mini_batch
         metrics["replay/mini_batches"] = float(plan.num_mini_batches)
+        self._token_share_metrics(batch, metrics)
         with self._planned_mini_batch_size():
-            return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+            batch = super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+        return self._spread_sources_over_mini_batches(batch, dp_size)
+
+    @staticmethod
+    def _spread_sources_over_mini_batches(batch: KVBatchMeta, dp_size: int) -> KVBatchMeta:
+        """Within each data-parallel rank's share (verl's balanced partition, kept as is), order the
+        rows so every mini-batch gets its share of fresh, replayed, elite and padding rows."""
+        per_rank = len(batch.keys) // dp_size
+        order: list[int] = []
+        for rank in range(dp_size):
+            start = rank * per_rank
+            categories = [
+                3 if tag.get("is_padding", False) else int(tag.get("replay_source", SOURCE_FRESH))
+                for tag in batch.tags[start : start + per_rank]
+            ]
+            order.extend(start + i for i in stratified_order(categories))
+        batch.reorder(order)
+        return batch
+
+    @staticmethod
+    def _token_share_metrics(batch: KVBatchMeta, metrics: dict) -> None:
+        """Share of the update's response tokens from each replay stream."""
+        tokens = {SOURCE_FRESH: 0, SOURCE_GROUP_REPLAY: 0, SOURCE_ELITE: 0}
+        for tag in batch.tags:
+            if not tag.get("is_padding", False):
+                tokens[tag.get("replay_source", SOURCE_FRESH)] += int(tag.get("response_len", 0))
+        total = sum(tokens.values()) or 1
+        metrics["replay/token_share"] = tokens[SOURCE_GROUP_REPLAY] / total
+        metrics["replay/elite/token_share"] = tokens[SOURCE_ELITE] / total
 
     def _mark_fresh_rows(self, batch: KVBatchMeta) -> None:
         """Every row of an update carries ``replay_source`` (0 fresh, 1 group replay, 2 elite)."""
@@ -175,9 +262,14 @@ class ReplayTrainerMixin:
 
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         batch = super()._compute_old_log_prob(batch, metrics)
-        if self.group_replay is not None and self.group_replay.replayed_keys:
+        if not self._replay_active:
+            return batch
+        if any(not is_fresh(tag) and not tag.get("is_padding", False) for tag in batch.tags):
             self._fresh_log_prob_metrics(batch, metrics)
+        if self.group_replay is not None:
             self.group_replay.restore_anchor(batch.partition_id, rollout_correction=self._rollout_correction_on())
+        if self.elite_replay is not None and self.config.actor_rollout_ref.rollout.calculate_log_probs:
+            self.elite_replay.neutralise_rollout_correction(batch.partition_id)
         return batch
 
     def _fresh_log_prob_metrics(self, batch: KVBatchMeta, metrics: dict) -> None:
@@ -204,6 +296,8 @@ class ReplayTrainerMixin:
         batch = super()._compute_advantage(batch, metrics)
         if self.group_replay is not None:
             self.group_replay.restore_advantages(batch.partition_id)
+        if self.elite_replay is not None:
+            self.elite_replay.zero_advantages(batch.partition_id)
         return batch
 
     # ------------------------------------------------------------------ update + ingress
@@ -211,14 +305,19 @@ class ReplayTrainerMixin:
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         with self._planned_mini_batch_size():
             batch = super()._update_actor(batch, metrics)
+        # The loss reports its replay terms; verl prefixes every loss metric with actor/.
+        for key in [k for k in metrics if k.startswith("actor/replay/")]:
+            metrics[key[len("actor/"):]] = metrics.pop(key)
         if self.group_replay is not None:
             metrics.update(prefixed(self.group_replay.admit(batch, step=self.global_steps), "replay/"))
+        if self.elite_replay is not None:
+            self.elite_replay.end_update()
         return batch
 
     # ------------------------------------------------------------------ metrics
 
     def _compute_metrics(self, batch: KVBatchMeta, metrics, timing_raw, global_steps, epoch):
-        if self.group_replay is None:
+        if not self._replay_active:
             return super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
         keep = [i for i, tag in enumerate(batch.tags) if tag.get("replay_source", SOURCE_FRESH) == SOURCE_FRESH]
         fresh = KVBatchMeta(
@@ -232,7 +331,7 @@ class ReplayTrainerMixin:
 
     def _replay_score_metrics(self, batch: KVBatchMeta, metrics: dict) -> None:
         """Scores of the replayed rows as generated (they are kept out of critic/score)."""
-        keys = [key for key, tag in zip(batch.keys, batch.tags) if tag.get("replay_source", 0) != SOURCE_FRESH]
+        keys = [key for key, tag in zip(batch.keys, batch.tags) if tag.get("replay_source", 0) == SOURCE_GROUP_REPLAY]
         if not keys:
             return
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["rm_scores"])
@@ -247,17 +346,22 @@ class ReplayTrainerMixin:
     def _save_checkpoint(self) -> None:
         # Written before verl's own save, whose last act marks the checkpoint as the latest one:
         # a checkpoint is never "latest" without its replay state.
+        folder = self._replay_state_folder(
+            os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        )
         if self.group_replay is not None:
-            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-            self.group_replay.save(self._replay_state_folder(folder))
+            self.group_replay.save(folder)
+        if self.elite_replay is not None:
+            self.elite_replay.save(folder)
         super()._save_checkpoint()
 
     def _load_checkpoint(self) -> None:
         super()._load_checkpoint()
-        if self.group_replay is None:
+        if not self._replay_active:
             return
         if self.global_steps <= 0:
-            self.group_replay.open_event_log(resume_from_step=0)
+            if self.group_replay is not None:
+                self.group_replay.open_event_log(resume_from_step=0)
             return
         if self.config.trainer.resume_mode == "resume_path":
             folder = self.config.trainer.resume_from_path
@@ -265,7 +369,11 @@ class ReplayTrainerMixin:
             folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         if not os.path.isabs(folder):
             folder = os.path.join(os.getcwd(), folder)
-        self.group_replay.load(self._replay_state_folder(folder), step=self.global_steps)
+        folder = self._replay_state_folder(folder)
+        if self.group_replay is not None:
+            self.group_replay.load(folder, step=self.global_steps)
+        if self.elite_replay is not None:
+            self.elite_replay.load(folder)
 
 
 class ReplaySyncTrainer(ReplayTrainerMixin, PPOTrainerSync):
