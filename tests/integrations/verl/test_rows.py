@@ -1,0 +1,112 @@
+"""verl trajectory rows <-> compact ReplayGroup: lossless for everything a replayed row needs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from verl_replay.integrations.verl.rows import (
+    GroupNotReplayable,
+    correctness_bit,
+    group_keys_by_uid,
+    group_to_rows,
+    rows_to_group,
+    split_rows,
+)
+
+
+def fresh_row(prompt, response, session, *, acc, advantage, score):
+    prompt, response = torch.tensor(prompt), torch.tensor(response)
+    input_ids = torch.cat([prompt, response])
+    rm_scores = torch.zeros(len(response))
+    rm_scores[-1] = score
+    return {
+        "prompts": prompt,
+        "responses": response,
+        "input_ids": input_ids,
+        "position_ids": torch.arange(len(input_ids)),
+        "response_mask": torch.ones(len(response), dtype=torch.int64),
+        "loss_mask": torch.ones(len(response), dtype=torch.int64),
+        "rm_scores": rm_scores,
+        "rollout_log_probs": -torch.rand(len(response)),
+        "old_log_probs": -torch.rand(len(response)),
+        "advantages": torch.full((len(response),), advantage),
+        "entropy": torch.rand(len(response)),
+        "uid": "u1",
+        "session_id": session,
+        "global_steps": 3,
+        "data_source": "tiny_math",
+        "raw_prompt": [{"role": "user", "content": "What is 2 + 3?"}],
+        "extra_info": {"index": 7, "gold_sqls": np.array(["SELECT 1"], dtype=object)},
+        "extra_fields": {"reward_extra_info": {"acc": acc, "score": score}, "turn_scores": []},
+        "metrics": {"generate_sequences": 0.1 * session},
+        "dummy_tensor": torch.zeros(1, dtype=torch.uint8),
+    }
+
+
+@pytest.fixture
+def group_rows():
+    return [
+        fresh_row([5, 6, 7], [1, 2], 0, acc=1.0, advantage=0.8, score=1.0),
+        fresh_row([5, 6, 7], [3, 4, 5, 6], 1, acc=0.0, advantage=-0.8, score=0.0),
+    ]
+
+
+def test_round_trip_keeps_what_a_replayed_row_needs(group_rows):
+    group = rows_to_group(group_rows, anchor_field="old_log_probs")
+    torch.testing.assert_close(group.advantages, torch.tensor([0.8, -0.8]))
+    assert group.correct.tolist() == [True, False]
+    torch.testing.assert_close(group.gen_log_probs, torch.cat([r["old_log_probs"] for r in group_rows]))
+    rows = group_to_rows(group, uid="replay-g0-s9", global_steps=9)
+    for original, rebuilt in zip(group_rows, rows):
+        for name in ("prompts", "responses", "input_ids", "position_ids", "response_mask", "loss_mask", "rm_scores"):
+            torch.testing.assert_close(rebuilt[name], original[name].to(rebuilt[name].dtype))
+        # the anchor replaces the rollout log-probs (IS weight exactly 1 under rollout correction)
+        torch.testing.assert_close(rebuilt["rollout_log_probs"], original["old_log_probs"])
+        assert rebuilt["uid"] == "replay-g0-s9" and rebuilt["global_steps"] == 9
+        assert rebuilt["raw_prompt"] == original["raw_prompt"] and rebuilt["data_source"] == "tiny_math"
+        assert rebuilt["metrics"] == original["metrics"]  # per-row metadata survives
+        assert rebuilt["extra_info"]["gold_sqls"] == ["SELECT 1"]  # numpy became plain
+        assert "advantages" not in rebuilt and "old_log_probs" not in rebuilt and "entropy" not in rebuilt
+    assert set(rows[0]) == set(rows[1])
+
+
+def test_async_anchor_is_the_rollout_log_probs(group_rows):
+    group = rows_to_group(group_rows, anchor_field="rollout_log_probs")
+    torch.testing.assert_close(group.gen_log_probs, torch.cat([r["rollout_log_probs"] for r in group_rows]))
+
+
+def test_non_standard_token_fields_are_kept_verbatim(group_rows):
+    group_rows[1]["position_ids"] = group_rows[1]["position_ids"] + 100  # e.g. an mRoPE-style layout
+    group_rows[0]["loss_mask"] = torch.tensor([1, 0])
+    rows = group_to_rows(rows_to_group(group_rows, anchor_field="old_log_probs"), uid="x", global_steps=0)
+    torch.testing.assert_close(rows[1]["position_ids"], group_rows[1]["position_ids"])
+    torch.testing.assert_close(rows[0]["loss_mask"], group_rows[0]["loss_mask"])
+
+
+def test_missing_acc_is_a_clear_configuration_error(group_rows):
+    del group_rows[0]["extra_fields"]["reward_extra_info"]["acc"]
+    with pytest.raises(GroupNotReplayable, match="acc"):
+        rows_to_group(group_rows, anchor_field="old_log_probs")
+    assert correctness_bit({"extra_fields": {"reward_extra_info": {"acc": np.float32(1.0)}}})
+
+
+def test_groups_with_different_prompts_are_not_replayable(group_rows):
+    group_rows[1]["prompts"] = torch.tensor([9, 9, 9])
+    with pytest.raises(GroupNotReplayable, match="prompt"):
+        rows_to_group(group_rows, anchor_field="old_log_probs")
+
+
+def test_split_rows_and_key_grouping():
+    from tensordict import NonTensorStack, TensorDict
+
+    data = TensorDict(
+        {"x": torch.nested.as_nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged),
+         "tag": NonTensorStack("a", "b")},
+        batch_size=2,
+    )
+    rows = split_rows(data, 2)
+    assert rows[1]["tag"] == "b" and rows[1]["x"].numel() == 3
+    groups = group_keys_by_uid(["u_1_0", "v_0_0", "u_0_0", "u_2_1"])
+    assert groups["u"] == [(0, 0, 2), (1, 0, 0), (2, 1, 3)] and groups["v"] == [(0, 0, 1)]
