@@ -6,8 +6,8 @@ other heavy modules; each name is imported from its module on first access.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+
+from verl_replay._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -38,15 +38,4 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
-
-def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'verl_replay' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

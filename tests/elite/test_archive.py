@@ -342,7 +342,7 @@ def test_choose_target_prefers_uncovered_approaches():
 
 def test_choose_target_fewer_attempts_then_lower_cross_question_coverage():
     arch = make_archive(seed=5)
-    qa, qb, qc, qd = q("a", 12), q("b", 6), q("c", 8), q("d", 10)
+    qa, qb, qc = q("a", 12), q("b", 6), q("c", 8)
     # cross-question coverage: product covered by b and c, sum by b, difference and mixed by none
     arch.insert(qb, cand(qb, "2*3"))
     arch.insert(qb, cand(qb, "1+5"))

@@ -5,8 +5,8 @@ Names resolve lazily so that ``import verl_replay.data`` stays cheap (no torch/t
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+
+from verl_replay._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "TinyAssets": "verl_replay.data.tiny_assets",
@@ -32,15 +32,4 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'verl_replay.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from verl_replay._lazy import lazy_exports
 from verl_replay.generation.base import Generation, GenerationBackend, Prompt
 
 __all__ = [
@@ -51,11 +52,4 @@ def make_backend(name: str, **kwargs: Any) -> GenerationBackend:
         raise module.BackendUnavailableError(module.VLLM_INSTALL_HINT)
     return getattr(module, class_name)(**kwargs)
 
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'verl_replay.generation' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

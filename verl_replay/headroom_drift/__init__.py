@@ -11,8 +11,8 @@ does not import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+
+from verl_replay._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "headroom": "scores",
@@ -36,15 +36,4 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'verl_replay.headroom_drift' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, {name: "." + module for name, module in _EXPORTS.items()}, globals())

@@ -5,8 +5,8 @@ approach vocabularies (SPEC 2.2). Names are resolved lazily so that importing a 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+
+from verl_replay._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "SQLParseError": "verl_replay.sql.skeleton",
@@ -30,15 +30,4 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'verl_replay.sql' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
