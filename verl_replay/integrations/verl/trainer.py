@@ -70,6 +70,7 @@ class ReplayTrainerMixin:
             self.group_replay = GroupReplayController(self.replay_config, anchor_field=self._anchor_field())
         self.elite_replay = None  # built with the tokenizer, before any worker starts
         self._mini_batch_groups: Optional[int] = None
+        self._padded_rows = 0
 
     @property
     def _replay_active(self) -> bool:
@@ -202,28 +203,31 @@ class ReplayTrainerMixin:
             batch, stats = self.group_replay.inject(batch, scorer, step=self.global_steps)
             metrics.update(prefixed(stats, "replay/"))
             replay_groups = int(stats.get("accepted", 0))
-        rows_per_group = int(self.config.actor_rollout_ref.rollout.n)
-        elite_units = 0
+        elite_rows = 0
         if self.elite_replay is not None and fresh_keys:
             template = split_rows(tq.kv_batch_get(keys=fresh_keys[:1], partition_id=batch.partition_id), 1)[0]
             batch, stats = self.elite_replay.inject(batch, template, step=self.global_steps)
             metrics.update(prefixed(stats, "replay/elite/"))
-            elite_units = math.ceil(int(stats["examples"]) / rows_per_group)
+            elite_rows = int(stats["examples"])
+        # Replayed groups add optimiser steps like a larger GRPO batch; elite rows join the existing
+        # steps (EliteReplay mixes its NLL term into each update at a fixed weight).
         plan = plan_mini_batches(
-            num_groups=fresh_groups + replay_groups + elite_units,
+            num_groups=fresh_groups + replay_groups,
             configured_groups=int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size),
-            rows_per_group=rows_per_group,
+            rows_per_group=int(self.config.actor_rollout_ref.rollout.n),
             row_multiple=self._micro_batch_rows(dp_size, training=True),
+            extra_rows=elite_rows,
         )
         self._mini_batch_groups = plan.groups_per_mini_batch
+        self._padded_rows = plan.padded_groups * plan.rows_per_group
         metrics["replay/mini_batches"] = float(plan.num_mini_batches)
         self._token_share_metrics(batch, metrics)
         with self._planned_mini_batch_size():
             batch = super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
-        return self._spread_sources_over_mini_batches(batch, dp_size)
+        return self._spread_sources_over_mini_batches(batch, dp_size, plan.num_mini_batches)
 
     @staticmethod
-    def _spread_sources_over_mini_batches(batch: KVBatchMeta, dp_size: int) -> KVBatchMeta:
+    def _spread_sources_over_mini_batches(batch: KVBatchMeta, dp_size: int, num_mini_batches: int) -> KVBatchMeta:
         """Within each data-parallel rank's share (verl's balanced partition, kept as is), order the
         rows so every mini-batch gets its share of fresh, replayed, elite and padding rows."""
         per_rank = len(batch.keys) // dp_size
@@ -234,9 +238,16 @@ class ReplayTrainerMixin:
                 3 if tag.get("is_padding", False) else int(tag.get("replay_source", SOURCE_FRESH))
                 for tag in batch.tags[start : start + per_rank]
             ]
-            order.extend(start + i for i in stratified_order(categories))
+            order.extend(start + i for i in stratified_order(categories, num_mini_batches))
         batch.reorder(order)
         return batch
+
+    def _get_required_batch_multiple(self, dp_size: int) -> int:
+        # verl pads to a multiple of this: the plan's total (>= the real rows, < twice them) makes it
+        # pad to exactly the planned number of mini-batches.
+        if self._mini_batch_groups is not None:
+            return self._padded_rows
+        return super()._get_required_batch_multiple(dp_size)
 
     @staticmethod
     def _token_share_metrics(batch: KVBatchMeta, metrics: dict) -> None:
