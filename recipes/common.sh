@@ -1,0 +1,322 @@
+# Shared helpers for the recipes in this folder. Sourced by them, never run on its own.
+#
+# Conventions every recipe follows:
+#   - every setting is an environment variable with a default, set with `: "${NAME:=default}"`;
+#     `pick FULL TINY` chooses the default for the full-scale run or for TINY=1;
+#   - every command a recipe runs is printed first, shell-quoted, on stderr (`[recipe] stage: ...`),
+#     so it can be copied and re-run by hand; stdout carries only what the commands print;
+#   - DRY_RUN=1 runs the training command with dry_run=true (compose + validate + print the config,
+#     on CPU) and only prints the search / evaluation commands;
+#   - extra command-line arguments of a recipe are Hydra overrides appended last to the training
+#     command (the last value of a key wins).
+# shellcheck shell=bash
+
+: "${PYTHON:=python}"
+: "${TINY:=0}"
+: "${DRY_RUN:=0}"
+: "${RECIPE_NAME:=recipe}"
+
+log() { printf '[%s] %s\n' "$RECIPE_NAME" "$*" >&2; }
+
+die() {
+  printf '[%s] error: %s\n' "$RECIPE_NAME" "$*" >&2
+  exit 2
+}
+
+is_true() { [[ "$1" == 1 || "$1" == true || "$1" == True || "$1" == yes ]]; }
+
+# pick FULL TINY: the default for the full-scale recipe, or for TINY=1.
+pick() { if is_true "$TINY"; then printf '%s' "$2"; else printf '%s' "$1"; fi; }
+
+# quote_arg ARG: ARG as the shell reads it back: bare when it holds only safe characters,
+# single-quoted otherwise (brackets included, so Hydra lists are not globbed).
+quote_arg() {
+  if [[ "$1" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then
+    printf '%s' "$1"
+  else
+    printf "'%s'" "${1//\'/\'\\\'\'}"
+  fi
+}
+
+# quote_cmd ARGS...: one line that reproduces the command exactly when pasted into a shell.
+quote_cmd() {
+  local out="" arg
+  for arg in "$@"; do out+="$(quote_arg "$arg") "; done
+  printf '%s' "${out% }"
+}
+
+# run_stage STAGE CMD...: print the exact command, then run it (the recipe stops if it fails).
+run_stage() {
+  local stage=$1
+  shift
+  log "$stage: $(quote_cmd "$@")"
+  "$@"
+}
+
+# show_stage STAGE CMD...: print the command a DRY_RUN=1 recipe would run, without running it.
+show_stage() {
+  local stage=$1
+  shift
+  log "$stage (DRY_RUN=1, not run): $(quote_cmd "$@")"
+}
+
+# require_uint NAME...: each variable holds a non-negative integer.
+require_uint() {
+  local name
+  for name in "$@"; do
+    [[ "${!name}" =~ ^[0-9]+$ ]] || die "$name must be a non-negative integer, got '${!name}'"
+  done
+}
+
+# require_positive NAME...: each variable holds an integer >= 1.
+require_positive() {
+  local name
+  require_uint "$@"
+  for name in "$@"; do
+    ((${!name} >= 1)) || die "$name must be >= 1, got '${!name}'"
+  done
+}
+
+# require_number NAME...: each variable holds a decimal number (1e-6, 0.08, 3).
+require_number() {
+  local name
+  for name in "$@"; do
+    [[ "${!name}" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] || die "$name must be a number, got '${!name}'"
+  done
+}
+
+# require_one_of NAME CHOICE...: the variable holds one of the choices.
+require_one_of() {
+  local name=$1 choice
+  shift
+  for choice in "$@"; do [[ "${!name}" == "$choice" ]] && return 0; done
+  die "$name must be one of: $*; got '${!name}'"
+}
+
+# check_stages ALLOWED...: STAGES is a comma-separated subset of ALLOWED (in any order).
+check_stages() {
+  local stage allowed ok
+  local -a _stages
+  [[ -n "$STAGES" ]] || die "STAGES is empty; choose from: $*"
+  IFS=',' read -r -a _stages <<<"$STAGES"
+  for stage in "${_stages[@]}"; do
+    ok=0
+    for allowed in "$@"; do [[ "$stage" == "$allowed" ]] && ok=1; done
+    ((ok)) || die "unknown stage '$stage' in STAGES=$STAGES; choose from: $*"
+  done
+}
+
+stage_on() { [[ ",$STAGES," == *",$1,"* ]]; }
+
+# require_file PATH [WHAT]: the file exists (skipped under DRY_RUN=1: the run only composes).
+require_file() {
+  is_true "$DRY_RUN" && return 0
+  [[ -f "$1" ]] || die "${2:-input} not found: $1"
+}
+
+# require_model PATH: a local model directory, or a hub id such as Qwen/Qwen3.5-4B (org/name that
+# is not a local path; vLLM and transformers resolve it from their cache or the hub).
+require_model() {
+  is_true "$DRY_RUN" && return 0
+  [[ -d "$1" ]] && return 0
+  if [[ "$1" =~ ^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$ && ! -e "${1%%/*}" ]]; then
+    log "model '$1' is not a local directory: treating it as a hub id"
+    return 0
+  fi
+  die "model directory not found: $1 (set MODEL_PATH)"
+}
+
+# split_csv VAR CSV: VAR becomes an array of the non-empty comma-separated fields of CSV.
+split_csv() {
+  local -n _out=$1
+  local field
+  local -a _fields
+  _out=()
+  IFS=',' read -r -a _fields <<<"$2"
+  for field in "${_fields[@]}"; do [[ -n "$field" ]] && _out+=("$field"); done
+  return 0
+}
+
+# absolute_paths NAME...: rewrite each variable (a path or a comma-separated list of paths) with
+# absolute paths, so Ray workers and later stages read the same files whatever their cwd.
+absolute_paths() {
+  local name field out
+  local -a fields
+  for name in "$@"; do
+    [[ -n "${!name:-}" ]] || continue
+    out=""
+    split_csv fields "${!name}"
+    for field in "${fields[@]}"; do out+="${out:+,}$(realpath -m -- "$field")"; done
+    printf -v "$name" '%s' "$out"
+  done
+}
+
+# absolute_model NAME: like absolute_paths for a model, unless it is a hub id (see require_model).
+absolute_model() {
+  local value=${!1}
+  if [[ -e "$value" || ! "$value" =~ ^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$ ]]; then
+    absolute_paths "$1"
+  fi
+}
+
+# hydra_list ITEM...: [a,b,c] for a Hydra list override.
+hydra_list() {
+  local IFS=,
+  printf '[%s]' "$*"
+}
+
+# load_tiny_assets: set TINY_<FIELD> (TINY_MODEL_DIR, TINY_SQL_MODEL_DIR, TINY_MATH_TRAIN,
+# TINY_MATH_VAL, TINY_SQL_TRAIN, TINY_SQL_VAL, TINY_SQL_DB_ROOT) to the tiny local assets of
+# verl_replay.data.tiny_assets, built and cached on first use (the same ones platform=cpu_tiny uses).
+load_tiny_assets() {
+  local assignments
+  assignments="$("$PYTHON" -c 'import shlex
+from verl_replay.data.tiny_assets import build_tiny_assets
+assets = build_tiny_assets()
+for name in ("model_dir", "sql_model_dir", "math_train", "math_val", "sql_train", "sql_val", "sql_db_root"):
+    print(f"TINY_{name.upper()}={shlex.quote(str(getattr(assets, name)))}")')" ||
+    die "could not build the tiny assets (python -m verl_replay.data prepare tiny --output DIR shows why)"
+  eval "$assignments"
+}
+
+# placement_overrides: append the hardware placement to the array TRAIN_ARGS.
+#   full scale: verl 0.9.1's split placement (trainer.v1.trainer_mode=separate_async): training on
+#     TRAIN_NNODES x TRAIN_GPUS GPUs, vLLM rollout on ROLLOUT_NNODES x ROLLOUT_GPUS other GPUs,
+#     weights pushed over NCCL every global step, PARAMETER_SYNC_STEP actor updates per step.
+#   TINY=1: the CPU profile's single process, verl's synchronous colocated trainer (the split needs
+#     NCCL between GPUs); a global step is then one update round (PARAMETER_SYNC_STEP=1).
+placement_overrides() {
+  if is_true "$TINY"; then
+    TRAIN_ARGS+=(trainer.v1.trainer_mode=sync)
+    return
+  fi
+  TRAIN_ARGS+=(
+    trainer.v1.trainer_mode=separate_async
+    actor_rollout_ref.hybrid_engine=False
+    "trainer.nnodes=$TRAIN_NNODES"
+    "trainer.n_gpus_per_node=$TRAIN_GPUS"
+    "actor_rollout_ref.rollout.nnodes=$ROLLOUT_NNODES"
+    "actor_rollout_ref.rollout.n_gpus_per_node=$ROLLOUT_GPUS"
+    actor_rollout_ref.rollout.checkpoint_engine.backend=nccl
+    "trainer.v1.separate_async.parameter_sync_step=$PARAMETER_SYNC_STEP"
+  )
+}
+
+# setup_placement: defaults and checks of the cluster layout variables (see recipes/README.md).
+setup_placement() {
+  : "${NNODES:=1}"
+  : "${GPUS_PER_NODE:=4}"
+  : "${TRAIN_GPUS:=2}"
+  : "${ROLLOUT_GPUS:=2}"
+  : "${TRAIN_NNODES:=$NNODES}"
+  : "${ROLLOUT_NNODES:=$NNODES}"
+  : "${ROLLOUT_TP:=1}"
+  require_positive NNODES GPUS_PER_NODE TRAIN_GPUS ROLLOUT_GPUS TRAIN_NNODES ROLLOUT_NNODES ROLLOUT_TP
+  if ! is_true "$TINY"; then
+    if ((TRAIN_NNODES == NNODES && ROLLOUT_NNODES == NNODES)); then
+      # every node hosts both roles
+      ((TRAIN_GPUS + ROLLOUT_GPUS <= GPUS_PER_NODE)) ||
+        die "TRAIN_GPUS ($TRAIN_GPUS) + ROLLOUT_GPUS ($ROLLOUT_GPUS) exceed GPUS_PER_NODE ($GPUS_PER_NODE)"
+    else
+      ((TRAIN_NNODES + ROLLOUT_NNODES <= NNODES)) ||
+        die "TRAIN_NNODES ($TRAIN_NNODES) + ROLLOUT_NNODES ($ROLLOUT_NNODES) exceed NNODES ($NNODES)"
+      ((TRAIN_GPUS <= GPUS_PER_NODE && ROLLOUT_GPUS <= GPUS_PER_NODE)) ||
+        die "TRAIN_GPUS / ROLLOUT_GPUS cannot exceed GPUS_PER_NODE ($GPUS_PER_NODE)"
+    fi
+    ((ROLLOUT_GPUS % ROLLOUT_TP == 0)) ||
+      die "ROLLOUT_GPUS ($ROLLOUT_GPUS) must be a multiple of ROLLOUT_TP ($ROLLOUT_TP)"
+  fi
+  return 0
+}
+
+# setup_rounds: update rounds per global step and their mini-batches.
+#   verl's separate_async step runs PARAMETER_SYNC_STEP rounds (`_step_once`), each on
+#   TRAIN_PROMPTS / PARAMETER_SYNC_STEP fresh prompts with one mini-batch of PPO_MINI_PROMPTS
+#   (verl asserts data.train_batch_size == parameter_sync_step * ppo_mini_batch_size), then pushes
+#   the weights to the rollout GPUs. TINY=1 (sync trainer) has one round per step.
+setup_rounds() {
+  require_positive TRAIN_PROMPTS PPO_MINI_PROMPTS
+  ((TRAIN_PROMPTS % PPO_MINI_PROMPTS == 0)) ||
+    die "TRAIN_PROMPTS ($TRAIN_PROMPTS) must be a multiple of PPO_MINI_PROMPTS ($PPO_MINI_PROMPTS)"
+  if is_true "$TINY"; then
+    PARAMETER_SYNC_STEP=1
+  else
+    PARAMETER_SYNC_STEP=$((TRAIN_PROMPTS / PPO_MINI_PROMPTS))
+  fi
+}
+
+# checkpoint_overrides: save verl's resumable checkpoint plus an HF model (the evaluation input).
+checkpoint_overrides() {
+  TRAIN_ARGS+=(
+    "trainer.save_freq=$SAVE_FREQ"
+    "actor_rollout_ref.actor.checkpoint.save_contents=$(hydra_list model optimizer extra hf_model)"
+    "actor_rollout_ref.actor.checkpoint.load_contents=$(hydra_list model optimizer extra)"
+  )
+  if ! is_true "$TINY"; then
+    TRAIN_ARGS+=("trainer.max_actor_ckpt_to_keep=$KEEP_CHECKPOINTS")
+  fi
+}
+
+# gpu_engine_overrides: FSDP2 / vLLM sizing for long sequences (the GPU profile's open knobs).
+gpu_engine_overrides() {
+  is_true "$TINY" && return 0
+  TRAIN_ARGS+=(
+    actor_rollout_ref.actor.use_dynamic_bsz=True
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$PPO_MAX_TOKEN_LEN"
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$LOG_PROB_MAX_TOKEN_LEN"
+    "actor_rollout_ref.actor.fsdp_config.param_offload=$ACTOR_OFFLOAD"
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=$ACTOR_OFFLOAD"
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=$ROLLOUT_TP"
+    "actor_rollout_ref.rollout.gpu_memory_utilization=$ROLLOUT_GPU_MEMORY_UTILIZATION"
+    "actor_rollout_ref.rollout.max_model_len=$MAX_MODEL_LEN"
+    "actor_rollout_ref.rollout.max_num_batched_tokens=$MAX_NUM_BATCHED_TOKENS"
+    data.filter_overlong_prompts=True
+    "trainer.logger=$LOGGER"
+  )
+}
+
+# setup_engine: defaults of the GPU engine knobs (used by gpu_engine_overrides).
+setup_engine() {
+  MAX_MODEL_LEN=$((MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH))
+  : "${PPO_MAX_TOKEN_LEN:=$((MAX_MODEL_LEN > 16384 ? MAX_MODEL_LEN : 16384))}"
+  : "${LOG_PROB_MAX_TOKEN_LEN:=$((2 * PPO_MAX_TOKEN_LEN))}"
+  : "${MAX_NUM_BATCHED_TOKENS:=$((MAX_MODEL_LEN > 16384 ? MAX_MODEL_LEN : 16384))}"
+  : "${ROLLOUT_GPU_MEMORY_UTILIZATION:=0.85}"
+  : "${ACTOR_OFFLOAD:=False}"
+  : "${LOGGER:=[console,file]}"
+  : "${KEEP_CHECKPOINTS:=2}"
+  require_positive PPO_MAX_TOKEN_LEN LOG_PROB_MAX_TOKEN_LEN MAX_NUM_BATCHED_TOKENS KEEP_CHECKPOINTS
+  ((PPO_MAX_TOKEN_LEN >= MAX_MODEL_LEN)) ||
+    die "PPO_MAX_TOKEN_LEN ($PPO_MAX_TOKEN_LEN) must hold one full sequence (MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH = $MAX_MODEL_LEN)"
+  require_number ROLLOUT_GPU_MEMORY_UTILIZATION
+  require_one_of ACTOR_OFFLOAD True False
+}
+
+# eval_model_dir: the HF model the evaluation stage reads: EVAL_MODEL if set, else the latest
+# checkpoint of RUN_DIR (verl's latest_checkpointed_iteration.txt) -> actor/huggingface. Under
+# DRY_RUN=1 without a checkpoint yet, the path the training run will write at TOTAL_STEPS.
+eval_model_dir() {
+  if [[ -n "${EVAL_MODEL:-}" ]]; then
+    printf '%s' "$EVAL_MODEL"
+    return
+  fi
+  local ckpt="$RUN_DIR/checkpoints" step="$TOTAL_STEPS"
+  if [[ -f "$ckpt/latest_checkpointed_iteration.txt" ]]; then
+    step="$(tr -d '[:space:]' <"$ckpt/latest_checkpointed_iteration.txt")"
+  elif ! is_true "$DRY_RUN"; then
+    die "no checkpoint under $ckpt (run the train stage first, or set EVAL_MODEL=PATH)"
+  fi
+  printf '%s' "$ckpt/global_step_$step/actor/huggingface"
+}
+
+# print_settings NAME...: one line with the values the recipe resolved (+ the cluster layout).
+print_settings() {
+  local name line=""
+  for name in "$@"; do line+="$name=${!name} "; done
+  if is_true "$TINY"; then
+    line+="placement=cpu_tiny(sync)"
+  else
+    line+="placement=separate_async(TRAIN_NNODES=$TRAIN_NNODES x TRAIN_GPUS=$TRAIN_GPUS + ROLLOUT_NNODES=$ROLLOUT_NNODES x ROLLOUT_GPUS=$ROLLOUT_GPUS, ROLLOUT_TP=$ROLLOUT_TP)"
+  fi
+  log "settings: $line"
+}

@@ -1,0 +1,233 @@
+#!/usr/bin/env bash
+# EliteReplay on text-to-SQL with Qwen3.5-4B (SPEC section 4; recipes/README.md has the details).
+#
+#   bash recipes/elite_replay_qwen4b.sh [hydra overrides for the training command ...]
+#
+# Stages (STAGES, comma-separated, default search,train,eval; STRATEGY=none: train,eval):
+#   search  MAP-Elites archive search with the frozen base model through vLLM on the SQL training set
+#           -> ARCHIVE (+ .manifest.json, .search_state); resumes an interrupted search
+#   train   GRPO + EliteReplay (L = (1 - mu) L_GRPO + mu L_replay), full-parameter, split placement:
+#           TRAIN_GPUS training + ROLLOUT_GPUS vLLM rollout GPUs per node (default 2 + 2 on 4xA100 80 GB),
+#           TOTAL_STEPS steps x TRAIN_PROMPTS questions x GROUP_SIZE responses, 16K prompt / 4K response
+#   eval    EVAL_N samples per question (pass@1..128, distinct SQL strategies, AmbiQT coverage) on
+#           BIRD dev + Spider dev (+ AmbiQT when its parquet exists) with the trained checkpoint
+#
+# STRATEGY: elite (default) | elite_iid (baseline: IID replay of the same archive) | none (GRPO baseline).
+# Main variables (all in recipes/README.md): MODEL_PATH, DATA_DIR, TRAIN_FILES, VAL_FILES, EVAL_FILES,
+# OUTPUT_DIR, NNODES, GPUS_PER_NODE, TRAIN_GPUS, ROLLOUT_GPUS, ROLLOUT_TP, TOTAL_STEPS, TRAIN_PROMPTS,
+# GROUP_SIZE, PPO_MINI_PROMPTS, MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH, LR, MU, ELITE_BATCH_SIZE,
+# ARCHIVE, SEARCH_*, EVAL_N, EVAL_K, EVAL_MODEL, STAGES.
+# DRY_RUN=1: compose + validate + print the training config on CPU; search/eval commands only printed.
+# TINY=1: the same recipe at toy scale on CPU (tiny SQL model and databases, hf backends).
+set -euo pipefail
+
+RECIPE_NAME=elite_replay_qwen4b
+# shellcheck source=recipes/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+# ------------------------------------------------------------------ what to run
+: "${STRATEGY:=elite}"
+require_one_of STRATEGY elite elite_iid none
+if [[ "$STRATEGY" == none ]]; then : "${STAGES:=train,eval}"; else : "${STAGES:=search,train,eval}"; fi
+check_stages search train eval
+
+# ------------------------------------------------------------------ inputs and outputs
+if is_true "$TINY"; then
+  load_tiny_assets
+  : "${MODEL_PATH:=$TINY_SQL_MODEL_DIR}"
+  : "${TRAIN_FILES:=$TINY_SQL_TRAIN}"
+  : "${VAL_FILES:=$TINY_SQL_VAL}"
+  : "${EVAL_FILES:=$TINY_SQL_VAL}"
+  if [[ -z "${OUTPUT_DIR:-}" ]]; then OUTPUT_DIR="$(mktemp -d "${TMPDIR:-/tmp}/verl_replay_tiny_elite.XXXXXX")"; fi
+else
+  : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
+  : "${DATA_DIR:=$HOME/data/verl_replay}"
+  # python -m verl_replay.data prepare bird --split train / --split dev, spider --split dev, ambiqt
+  : "${TRAIN_FILES:=$DATA_DIR/bird_train.parquet}"
+  : "${VAL_FILES:=$DATA_DIR/bird_dev.parquet}"
+  if [[ -z "${EVAL_FILES:-}" ]]; then
+    EVAL_FILES="$DATA_DIR/bird_dev.parquet,$DATA_DIR/spider_dev.parquet"
+    if [[ -f "$DATA_DIR/ambiqt_validation.parquet" ]]; then EVAL_FILES+=",$DATA_DIR/ambiqt_validation.parquet"; fi
+  fi
+  : "${OUTPUT_DIR:=$PWD/outputs}"
+fi
+absolute_paths OUTPUT_DIR TRAIN_FILES VAL_FILES EVAL_FILES
+absolute_model MODEL_PATH
+: "${PROJECT:=elite_replay_sql}"
+
+# ------------------------------------------------------------------ training sizes (SPEC 4)
+: "${TOTAL_STEPS:=$(pick 100 3)}"
+: "${TRAIN_PROMPTS:=$(pick 128 4)}"           # questions per global step
+: "${GROUP_SIZE:=$(pick 8 4)}"                # GRPO responses per question
+: "${PPO_MINI_PROMPTS:=$(pick 32 4)}"         # questions per actor mini-batch (= per update round)
+: "${MAX_PROMPT_LENGTH:=$(pick 16384 256)}"
+: "${MAX_RESPONSE_LENGTH:=$(pick 4096 48)}"      # tiny gold SQL is ~35 tokens
+: "${LR:=$(pick 1e-6 1e-4)}"
+: "${ROLLOUT_TEMPERATURE:=1.0}"
+: "${SAVE_FREQ:=$(pick 25 "$TOTAL_STEPS")}"
+: "${TEST_FREQ:=$(pick 25 -1)}"
+: "${VAL_N:=1}"                               # validation during training: greedy, one sample
+# EliteReplay: weight of the replay NLL term, archive entries per update round, sampler seed
+: "${MU:=0.05}"
+: "${ELITE_BATCH_SIZE:=$(pick 32 2)}"
+: "${ELITE_SEED:=0}"
+: "${EXPERIMENT:=$([[ "$STRATEGY" == none ]] && echo grpo || echo "$STRATEGY")_q${TRAIN_PROMPTS}x${GROUP_SIZE}}"
+: "${RUN_DIR:=$OUTPUT_DIR/$PROJECT/$EXPERIMENT}"
+: "${ARCHIVE:=$OUTPUT_DIR/$PROJECT/archive/elite_archive.parquet}"
+
+# ------------------------------------------------------------------ search budget (frozen base model)
+: "${SEARCH_BACKEND:=$(pick vllm hf)}"
+: "${SEARCH_SEEDS:=8}"                        # base-model samples per question (round 0)
+: "${SEARCH_MUTATIONS:=$(pick 16 2)}"         # directed mutations per question, over SEARCH_ROUNDS
+: "${SEARCH_ROUNDS:=$(pick 4 1)}"
+: "${SEARCH_LIMIT:=$(pick "" 8)}"             # empty = every training question
+: "${SEARCH_BATCH_SIZE:=$(pick 2048 32)}"     # sequences per generate call
+: "${SEARCH_MAX_NEW_TOKENS:=$MAX_RESPONSE_LENGTH}"
+: "${SEARCH_TP:=1}"
+: "${SEARCH_TEMPERATURE:=1.0}"
+: "${SEARCH_SEED:=0}"
+: "${SEARCH_LABELER:=rule}"
+: "${SEARCH_OVERWRITE:=0}"                    # 1 = start the search over instead of resuming it
+
+# ------------------------------------------------------------------ evaluation
+: "${EVAL_BACKEND:=$(pick vllm hf)}"
+: "${EVAL_N:=$(pick 128 4)}"
+: "${EVAL_K:=$(pick 1,2,4,8,16,32,64,128 1,2,4)}"
+: "${EVAL_LIMIT:=$(pick "" 2)}"               # empty = every question
+: "${EVAL_MAX_NEW_TOKENS:=$MAX_RESPONSE_LENGTH}"
+: "${EVAL_TEMPERATURE:=1.0}"
+: "${EVAL_TOP_P:=1.0}"
+: "${EVAL_TP:=1}"
+: "${EVAL_OUT:=$RUN_DIR/eval}"
+: "${VERIFY_WORKERS:=$(pick 8 1)}"
+: "${VERIFY_TIMEOUT_S:=$(pick 30 5)}"
+
+absolute_paths RUN_DIR ARCHIVE EVAL_OUT
+if [[ -n "${EVAL_MODEL:-}" ]]; then absolute_model EVAL_MODEL; fi
+
+setup_placement
+require_positive TOTAL_STEPS GROUP_SIZE MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH SAVE_FREQ VAL_N ELITE_BATCH_SIZE
+require_positive SEARCH_ROUNDS SEARCH_BATCH_SIZE SEARCH_MAX_NEW_TOKENS SEARCH_TP EVAL_N EVAL_MAX_NEW_TOKENS EVAL_TP
+require_uint SEARCH_SEEDS SEARCH_MUTATIONS SEARCH_SEED ELITE_SEED VERIFY_WORKERS
+require_number LR MU ROLLOUT_TEMPERATURE SEARCH_TEMPERATURE EVAL_TEMPERATURE EVAL_TOP_P VERIFY_TIMEOUT_S
+require_one_of SEARCH_BACKEND vllm hf
+require_one_of EVAL_BACKEND vllm hf
+setup_rounds
+setup_engine
+: "${SEARCH_MAX_MODEL_LEN:=$((MAX_MODEL_LEN + SEARCH_MAX_NEW_TOKENS))}" # mutation prompts add a parent
+
+print_settings STRATEGY STAGES TINY DRY_RUN MODEL_PATH TRAIN_FILES EVAL_FILES ARCHIVE RUN_DIR TOTAL_STEPS \
+  TRAIN_PROMPTS GROUP_SIZE PPO_MINI_PROMPTS PARAMETER_SYNC_STEP MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH MU \
+  ELITE_BATCH_SIZE
+
+# The frozen base model does the search; the archive is shared by the elite and elite_iid runs.
+search_cmd() {
+  SEARCH_CMD=()
+  if is_true "$TINY"; then SEARCH_CMD+=(env OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"); fi
+  SEARCH_CMD+=("$PYTHON" -m verl_replay.elite.search
+    --data "$TRAIN_FILES" --model "$MODEL_PATH" --out "$ARCHIVE" --domain sql
+    --backend "$SEARCH_BACKEND" --seeds-per-question "$SEARCH_SEEDS" --mutations-per-question "$SEARCH_MUTATIONS"
+    --rounds "$SEARCH_ROUNDS" --batch-size "$SEARCH_BATCH_SIZE" --temperature "$SEARCH_TEMPERATURE"
+    --max-new-tokens "$SEARCH_MAX_NEW_TOKENS" --seed "$SEARCH_SEED" --labeler "$SEARCH_LABELER"
+    --verify-workers "$VERIFY_WORKERS" --verify-timeout-s "$VERIFY_TIMEOUT_S" --no-progress)
+  if [[ -n "$SEARCH_LIMIT" ]]; then SEARCH_CMD+=(--limit "$SEARCH_LIMIT"); fi
+  if [[ "$SEARCH_BACKEND" == vllm ]]; then
+    SEARCH_CMD+=(--tensor-parallel-size "$SEARCH_TP" --max-model-len "$SEARCH_MAX_MODEL_LEN")
+  fi
+  if is_true "$SEARCH_OVERWRITE"; then
+    SEARCH_CMD+=(--overwrite)
+  elif [[ -f "$ARCHIVE.search_state" ]]; then
+    SEARCH_CMD+=(--resume) # continues an interrupted search; refuses if the settings changed
+  fi
+}
+
+train_cmd() {
+  local platform=(platform=gpu)
+  if is_true "$TINY"; then platform=(platform=cpu_tiny tiny_task=sql); fi
+  TRAIN_ARGS=(
+    "${platform[@]}"
+    "data.train_files=$TRAIN_FILES"
+    "data.val_files=$VAL_FILES"
+    "actor_rollout_ref.model.path=$MODEL_PATH"
+    "data.train_batch_size=$TRAIN_PROMPTS"
+    "data.max_prompt_length=$MAX_PROMPT_LENGTH"
+    "data.max_response_length=$MAX_RESPONSE_LENGTH"
+    "actor_rollout_ref.rollout.n=$GROUP_SIZE"
+    "actor_rollout_ref.rollout.temperature=$ROLLOUT_TEMPERATURE"
+    "actor_rollout_ref.actor.ppo_mini_batch_size=$PPO_MINI_PROMPTS"
+    "actor_rollout_ref.actor.optim.lr=$LR"
+    "trainer.total_training_steps=$TOTAL_STEPS"
+    "trainer.test_freq=$TEST_FREQ"
+    "actor_rollout_ref.rollout.val_kwargs.n=$VAL_N"
+    "trainer.project_name=$PROJECT"
+    "trainer.experiment_name=$EXPERIMENT"
+    "run_dir=$RUN_DIR"
+    "replay.strategy=$STRATEGY"
+  )
+  if [[ "$STRATEGY" != none ]]; then
+    TRAIN_ARGS+=(
+      "replay.elite.archive=$ARCHIVE"
+      "replay.elite.mu=$MU"
+      "replay.elite.batch_size=$ELITE_BATCH_SIZE"
+      "replay.elite.seed=$ELITE_SEED"
+    )
+  fi
+  placement_overrides
+  checkpoint_overrides
+  gpu_engine_overrides
+  TRAIN_ARGS+=("$@")
+  if is_true "$DRY_RUN"; then TRAIN_ARGS+=(dry_run=true); fi
+  TRAIN_CMD=("$PYTHON" -m verl_replay.main "${TRAIN_ARGS[@]}")
+}
+
+eval_cmd() {
+  local model=$1 data
+  local -a files
+  split_csv files "$EVAL_FILES"
+  ((${#files[@]})) || die "EVAL_FILES is empty"
+  data="$(IFS=,; printf '%s' "${files[*]}")"
+  EVAL_CMD=()
+  if is_true "$TINY"; then EVAL_CMD+=(env OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"); fi
+  EVAL_CMD+=("$PYTHON" -m verl_replay.eval --data "$data" --model "$model" --out "$EVAL_OUT"
+    --backend "$EVAL_BACKEND" --n "$EVAL_N" --k "$EVAL_K" --temperature "$EVAL_TEMPERATURE" --top-p "$EVAL_TOP_P"
+    --max-new-tokens "$EVAL_MAX_NEW_TOKENS" --verify-workers "$VERIFY_WORKERS" --verify-timeout-s "$VERIFY_TIMEOUT_S")
+  if [[ -n "$EVAL_LIMIT" ]]; then EVAL_CMD+=(--limit "$EVAL_LIMIT"); fi
+  if [[ "$EVAL_BACKEND" == vllm ]]; then
+    EVAL_CMD+=(--tensor-parallel-size "$EVAL_TP" --max-model-len "$MAX_MODEL_LEN")
+  fi
+}
+
+if stage_on search; then
+  require_file "$TRAIN_FILES" "SQL training set (TRAIN_FILES)"
+  require_model "$MODEL_PATH"
+  if ! is_true "$DRY_RUN"; then mkdir -p "$(dirname "$ARCHIVE")"; fi
+  search_cmd
+  if is_true "$DRY_RUN"; then show_stage search "${SEARCH_CMD[@]}"; else run_stage search "${SEARCH_CMD[@]}"; fi
+fi
+
+if stage_on train; then
+  require_file "$TRAIN_FILES" "SQL training set (TRAIN_FILES)"
+  val_files=()
+  split_csv val_files "$VAL_FILES"
+  for file in "${val_files[@]}"; do require_file "$file" "validation set (VAL_FILES)"; done
+  require_model "$MODEL_PATH"
+  if ((${#val_files[@]} > 1)); then VAL_FILES="$(hydra_list "${val_files[@]}")"; fi
+  if [[ "$STRATEGY" != none ]]; then
+    require_file "$ARCHIVE" "frozen archive (ARCHIVE; run the search stage first)"
+    require_file "$ARCHIVE.manifest.json" "archive manifest"
+  fi
+  train_cmd "$@"
+  run_stage train "${TRAIN_CMD[@]}"
+fi
+
+if stage_on eval; then
+  eval_model="$(eval_model_dir)"
+  eval_files=()
+  split_csv eval_files "$EVAL_FILES"
+  for file in "${eval_files[@]}"; do require_file "$file" "evaluation set (EVAL_FILES)"; done
+  require_model "$eval_model"
+  eval_cmd "$eval_model"
+  if is_true "$DRY_RUN"; then show_stage eval "${EVAL_CMD[@]}"; else run_stage eval "${EVAL_CMD[@]}"; fi
+fi
+
+log "done (stages: $STAGES). run dir: $RUN_DIR"

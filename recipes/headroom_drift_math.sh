@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# GRPO + Headroom-Drift Replay on math with Qwen3.5-4B, "b256 + r128" (SPEC section 4;
+# recipes/README.md has the details).
+#
+#   bash recipes/headroom_drift_math.sh [hydra overrides for the training command ...]
+#
+# Stages (STAGES, comma-separated, default train,eval):
+#   train   GRPO with group size GROUP_SIZE on TRAIN_PROMPTS fresh prompts per global step
+#           (32 x 8 = 256 fresh responses) plus up to K_REP replayed groups per global step
+#           (16 x 8 = 128 replayed responses), split placement TRAIN_GPUS + ROLLOUT_GPUS per node
+#           (default 2 + 2)
+#   eval    Mean@EVAL_N / Best@EVAL_N (32) on MATH-500, AIME24, AIME25, AMC23, Minerva, OlympiadBench
+#           with the trained checkpoint
+#
+# STRATEGY: headroom_drift (default) | naive (latest K groups, no ranking, no gate) | none (GRPO).
+# Main variables (all in recipes/README.md): MODEL_PATH, DATA_DIR, TRAIN_FILES, VAL_FILES, EVAL_FILES,
+# OUTPUT_DIR, NNODES, GPUS_PER_NODE, TRAIN_GPUS, ROLLOUT_GPUS, ROLLOUT_TP, TOTAL_STEPS, TRAIN_PROMPTS,
+# GROUP_SIZE, PPO_MINI_PROMPTS, MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH, LR, K_REP (groups per global
+# step), TAU, REPLAY_CAPACITY, EVAL_N, EVAL_K, EVAL_MODEL, STAGES.
+# DRY_RUN=1: compose + validate + print the training config on CPU; the eval command is only printed.
+# TINY=1: the same recipe at toy scale on CPU (tiny math model and data, hf backends).
+set -euo pipefail
+
+RECIPE_NAME=headroom_drift_math
+# shellcheck source=recipes/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+# ------------------------------------------------------------------ what to run
+: "${STRATEGY:=headroom_drift}"
+require_one_of STRATEGY headroom_drift naive none
+: "${STAGES:=train,eval}"
+check_stages train eval
+
+# ------------------------------------------------------------------ inputs and outputs
+BENCHMARKS=(math500 aime24 aime25 amc23 minerva olympiadbench)
+if is_true "$TINY"; then
+  load_tiny_assets
+  : "${MODEL_PATH:=$TINY_MODEL_DIR}"
+  : "${TRAIN_FILES:=$TINY_MATH_TRAIN}"
+  : "${VAL_FILES:=$TINY_MATH_VAL}"
+  : "${EVAL_FILES:=$TINY_MATH_VAL}"
+  if [[ -z "${OUTPUT_DIR:-}" ]]; then OUTPUT_DIR="$(mktemp -d "${TMPDIR:-/tmp}/verl_replay_tiny_hd.XXXXXX")"; fi
+else
+  : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
+  : "${DATA_DIR:=$HOME/data/verl_replay}"
+  # python -m verl_replay.data prepare math --input TRAIN_SET --benchmark train / --input BENCH_DIR
+  : "${TRAIN_FILES:=$DATA_DIR/math_train.parquet}"
+  : "${VAL_FILES:=$DATA_DIR/math_math500.parquet}"
+  if [[ -z "${EVAL_FILES:-}" ]]; then
+    EVAL_FILES=""
+    for benchmark in "${BENCHMARKS[@]}"; do EVAL_FILES+="${EVAL_FILES:+,}$DATA_DIR/math_$benchmark.parquet"; done
+  fi
+  : "${OUTPUT_DIR:=$PWD/outputs}"
+fi
+absolute_paths OUTPUT_DIR TRAIN_FILES VAL_FILES EVAL_FILES
+absolute_model MODEL_PATH
+: "${PROJECT:=headroom_drift_math}"
+
+# ------------------------------------------------------------------ training sizes (SPEC 4)
+: "${TOTAL_STEPS:=$(pick 500 3)}"
+: "${TRAIN_PROMPTS:=$(pick 32 4)}"            # fresh prompts per global step (x GROUP_SIZE = b256)
+: "${GROUP_SIZE:=$(pick 8 4)}"
+: "${PPO_MINI_PROMPTS:=$(pick 8 4)}"          # fresh prompts per actor mini-batch (= per update round)
+: "${MAX_PROMPT_LENGTH:=$(pick 1024 256)}"
+: "${MAX_RESPONSE_LENGTH:=$(pick 4096 24)}"
+: "${LR:=$(pick 1e-6 1e-4)}"
+: "${ROLLOUT_TEMPERATURE:=1.0}"
+: "${SAVE_FREQ:=$(pick 50 "$TOTAL_STEPS")}"
+: "${TEST_FREQ:=$(pick 50 -1)}"
+: "${VAL_N:=4}"                               # validation during training: Mean@4, sampled
+: "${VAL_TEMPERATURE:=1.0}"
+# Replay: K_REP groups per *global step* (r128 = 16 groups x 8), split evenly over the step's
+# PARAMETER_SYNC_STEP update rounds (replay.k_rep is per round); Policy Drift gate TAU.
+: "${K_REP:=$(pick 16 2)}"
+: "${TAU:=0.08}"
+: "${REPLAY_CAPACITY:=1024}"
+: "${SCAN_CHUNK_GROUPS:=$(pick 16 2)}"
+: "${MAX_SCAN_GROUPS:=}"                      # empty = no scan budget
+: "${DRIFT_NORM:=l2}"
+: "${WEIGHTING:=sign}"
+: "${INGRESS:=answer_disagree}"
+
+# ------------------------------------------------------------------ evaluation
+: "${EVAL_BACKEND:=$(pick vllm hf)}"
+: "${EVAL_N:=$(pick 32 4)}"
+: "${EVAL_K:=$(pick 1,8,32 1,4)}"
+: "${EVAL_LIMIT:=$(pick "" 2)}"               # empty = every question
+: "${EVAL_MAX_NEW_TOKENS:=$MAX_RESPONSE_LENGTH}"
+: "${EVAL_TEMPERATURE:=1.0}"
+: "${EVAL_TOP_P:=1.0}"
+: "${EVAL_TP:=1}"
+: "${VERIFY_WORKERS:=$(pick 8 1)}"
+: "${VERIFY_TIMEOUT_S:=5}"
+
+setup_placement
+require_positive TOTAL_STEPS GROUP_SIZE MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH SAVE_FREQ VAL_N K_REP
+require_positive REPLAY_CAPACITY SCAN_CHUNK_GROUPS EVAL_N EVAL_MAX_NEW_TOKENS EVAL_TP
+require_uint VERIFY_WORKERS
+require_number LR TAU ROLLOUT_TEMPERATURE VAL_TEMPERATURE EVAL_TEMPERATURE EVAL_TOP_P VERIFY_TIMEOUT_S
+require_one_of DRIFT_NORM l2 l1
+require_one_of WEIGHTING sign advantage
+require_one_of INGRESS answer_disagree nonzero_advantage
+require_one_of EVAL_BACKEND vllm hf
+if [[ -n "$MAX_SCAN_GROUPS" ]]; then require_positive MAX_SCAN_GROUPS; fi
+setup_rounds
+setup_engine
+if [[ "$STRATEGY" != none ]]; then
+  ((K_REP % PARAMETER_SYNC_STEP == 0)) ||
+    die "K_REP ($K_REP groups per global step) must split evenly over the step's $PARAMETER_SYNC_STEP update rounds (TRAIN_PROMPTS / PPO_MINI_PROMPTS)"
+  K_REP_PER_ROUND=$((K_REP / PARAMETER_SYNC_STEP))
+else
+  K_REP_PER_ROUND=0
+fi
+FRESH_RESPONSES=$((TRAIN_PROMPTS * GROUP_SIZE))
+REPLAY_RESPONSES=$((K_REP * GROUP_SIZE))
+case "$STRATEGY" in
+  headroom_drift) default_experiment="hd_b${FRESH_RESPONSES}_r${REPLAY_RESPONSES}" ;;
+  naive) default_experiment="naive_b${FRESH_RESPONSES}_r${REPLAY_RESPONSES}" ;;
+  none) default_experiment="grpo_b${FRESH_RESPONSES}" ;;
+esac
+: "${EXPERIMENT:=$default_experiment}"
+: "${RUN_DIR:=$OUTPUT_DIR/$PROJECT/$EXPERIMENT}"
+: "${EVAL_OUT:=$RUN_DIR/eval}"
+absolute_paths RUN_DIR EVAL_OUT
+if [[ -n "${EVAL_MODEL:-}" ]]; then absolute_model EVAL_MODEL; fi
+
+print_settings STRATEGY STAGES TINY DRY_RUN MODEL_PATH TRAIN_FILES EVAL_FILES RUN_DIR TOTAL_STEPS TRAIN_PROMPTS \
+  GROUP_SIZE PPO_MINI_PROMPTS PARAMETER_SYNC_STEP K_REP K_REP_PER_ROUND TAU MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH
+
+train_cmd() {
+  local platform=(platform=gpu)
+  if is_true "$TINY"; then platform=(platform=cpu_tiny tiny_task=math); fi
+  TRAIN_ARGS=(
+    "${platform[@]}"
+    "data.train_files=$TRAIN_FILES"
+    "data.val_files=$VAL_FILES"
+    "actor_rollout_ref.model.path=$MODEL_PATH"
+    "data.train_batch_size=$TRAIN_PROMPTS"
+    "data.max_prompt_length=$MAX_PROMPT_LENGTH"
+    "data.max_response_length=$MAX_RESPONSE_LENGTH"
+    "actor_rollout_ref.rollout.n=$GROUP_SIZE"
+    "actor_rollout_ref.rollout.temperature=$ROLLOUT_TEMPERATURE"
+    "actor_rollout_ref.actor.ppo_mini_batch_size=$PPO_MINI_PROMPTS"
+    "actor_rollout_ref.actor.optim.lr=$LR"
+    "trainer.total_training_steps=$TOTAL_STEPS"
+    "trainer.test_freq=$TEST_FREQ"
+    "actor_rollout_ref.rollout.val_kwargs.n=$VAL_N"
+    "actor_rollout_ref.rollout.val_kwargs.temperature=$VAL_TEMPERATURE"
+    actor_rollout_ref.rollout.val_kwargs.do_sample=True
+    "trainer.project_name=$PROJECT"
+    "trainer.experiment_name=$EXPERIMENT"
+    "run_dir=$RUN_DIR"
+    "replay.strategy=$STRATEGY"
+  )
+  if [[ "$STRATEGY" != none ]]; then
+    TRAIN_ARGS+=(
+      "replay.k_rep=$K_REP_PER_ROUND"
+      "replay.capacity=$REPLAY_CAPACITY"
+      "replay.ingress=$INGRESS"
+      "replay.weighting=$WEIGHTING"
+    )
+  fi
+  if [[ "$STRATEGY" == headroom_drift ]]; then
+    TRAIN_ARGS+=(
+      "replay.tau=$TAU"
+      "replay.drift_norm=$DRIFT_NORM"
+      "replay.scan_chunk_groups=$SCAN_CHUNK_GROUPS"
+      "replay.max_scan_groups=${MAX_SCAN_GROUPS:-null}"
+    )
+  fi
+  placement_overrides
+  checkpoint_overrides
+  gpu_engine_overrides
+  TRAIN_ARGS+=("$@")
+  if is_true "$DRY_RUN"; then TRAIN_ARGS+=(dry_run=true); fi
+  TRAIN_CMD=("$PYTHON" -m verl_replay.main "${TRAIN_ARGS[@]}")
+}
+
+eval_cmd() {
+  local model=$1 data
+  local -a files
+  split_csv files "$EVAL_FILES"
+  ((${#files[@]})) || die "EVAL_FILES is empty"
+  data="$(IFS=,; printf '%s' "${files[*]}")"
+  EVAL_CMD=()
+  if is_true "$TINY"; then EVAL_CMD+=(env OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"); fi
+  # math rows are grouped per benchmark (extra_info.benchmark): Mean@n / Best@n per benchmark + Avg
+  EVAL_CMD+=("$PYTHON" -m verl_replay.eval --data "$data" --model "$model" --out "$EVAL_OUT"
+    --backend "$EVAL_BACKEND" --n "$EVAL_N" --k "$EVAL_K" --temperature "$EVAL_TEMPERATURE" --top-p "$EVAL_TOP_P"
+    --max-new-tokens "$EVAL_MAX_NEW_TOKENS" --verify-workers "$VERIFY_WORKERS" --verify-timeout-s "$VERIFY_TIMEOUT_S")
+  if [[ -n "$EVAL_LIMIT" ]]; then EVAL_CMD+=(--limit "$EVAL_LIMIT"); fi
+  if [[ "$EVAL_BACKEND" == vllm ]]; then
+    EVAL_CMD+=(--tensor-parallel-size "$EVAL_TP" --max-model-len "$MAX_MODEL_LEN")
+  fi
+}
+
+if stage_on train; then
+  require_file "$TRAIN_FILES" "math training set (TRAIN_FILES)"
+  val_files=()
+  split_csv val_files "$VAL_FILES"
+  for file in "${val_files[@]}"; do require_file "$file" "validation set (VAL_FILES)"; done
+  require_model "$MODEL_PATH"
+  if ((${#val_files[@]} > 1)); then VAL_FILES="$(hydra_list "${val_files[@]}")"; fi
+  train_cmd "$@"
+  run_stage train "${TRAIN_CMD[@]}"
+fi
+
+if stage_on eval; then
+  eval_model="$(eval_model_dir)"
+  eval_files=()
+  split_csv eval_files "$EVAL_FILES"
+  for file in "${eval_files[@]}"; do require_file "$file" "evaluation set (EVAL_FILES)"; done
+  require_model "$eval_model"
+  eval_cmd "$eval_model"
+  if is_true "$DRY_RUN"; then show_stage eval "${EVAL_CMD[@]}"; else run_stage eval "${EVAL_CMD[@]}"; fi
+fi
+
+log "done (stages: $STAGES). run dir: $RUN_DIR"
