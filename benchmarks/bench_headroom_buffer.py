@@ -181,6 +181,9 @@ def run(pool: Pool, sizes: Sequence[int], steps: int, warmup: int) -> list[dict]
                 r["sort"].append(1e3 * ((ta - t) - fwd + (t_end - ta)))
     out = []
     for r in rows:
+        groups = list(r["buf"])
+        payload = sum(g.nbytes for g in groups)  # tensor bytes the buffer keeps per group
+        stored_tokens = sum(g.num_tokens + g.prompt_ids.numel() for g in groups)
         total = [a + b for a, b in zip(r["select"], r["admit"])]
         out.append({"size": r["size"], "fill_s": r["fill_s"],
                     "select_ms": statistics.median(r["select"]),
@@ -188,7 +191,8 @@ def run(pool: Pool, sizes: Sequence[int], steps: int, warmup: int) -> list[dict]
                     "heap_ms": statistics.median(total),
                     "heap_p90_ms": sorted(total)[int(0.9 * (len(total) - 1))],
                     "sort_ms": statistics.median(r["sort"]),
-                    "scanned": statistics.mean(r["scanned"]), "same": r["same"]})
+                    "scanned": statistics.mean(r["scanned"]), "same": r["same"],
+                    "bytes_per_token": payload / max(1, stored_tokens)})
     return out
 
 
@@ -210,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
           f"chunk={CHUNK}, fresh={FRESH_PER_STEP}/step, {steps - warmup} timed steps (median)")
     hdr = (f"{'groups':>8} | {'select ms':>9} | {'admit ms':>8} | {'heap ms/step':>12} | "
            f"{'p90':>6} | {'vs smallest':>11} | "
-           f"{'full-sort ms/step':>17} | {'sort/heap':>9} | {'scanned':>7} | same picks | fill s")
+           f"{'full-sort ms/step':>17} | {'sort/heap':>9} | {'scanned':>7} | same picks | B/token | fill s")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -218,8 +222,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
               f"{r['heap_ms']:>12.2f} | {r['heap_p90_ms']:>6.2f} | "
               f"{r['heap_ms'] / base:>10.2f}x | {r['sort_ms']:>17.2f} | "
               f"{r['sort_ms'] / r['heap_ms']:>8.2f}x | {r['scanned']:>7.1f} | "
-              f"{'yes' if r['same'] else 'NO':>10} | {r['fill_s']:.1f}")
-    print(f"total {time.perf_counter() - t0:.1f} s")
+              f"{'yes' if r['same'] else 'NO':>10} | {r['bytes_per_token']:>7.2f} | {r['fill_s']:.1f}")
+    print(f"total {time.perf_counter() - t0:.1f} s; B/token = tensor bytes kept per stored token "
+          "(prompt + response token ids int32, response log-probs fp32, response mask bool, per-response "
+          "advantage/score/correct/length)")
     if not all(r["same"] for r in rows):
         print("ERROR: heap and full-sort selectors disagree", file=sys.stderr)
         sys.exit(1)
