@@ -91,9 +91,8 @@ def test_headroom_drift_replay_end_to_end(run_main, tmp_path):
     decisions, numbers = _selection_events(second.run_dir / "replay_events.jsonl")
     expected_decisions, expected_numbers = _selection_events(run.run_dir / "replay_events.jsonl")
     assert decisions == expected_decisions
-    # Reloading the FSDP2 checkpoint reproduces the weights up to float32 rounding, which shows in
-    # the 6th digit of a drift (1e-6 of its value); the decisions above are identical.
-    torch.testing.assert_close(torch.tensor(numbers), torch.tensor(expected_numbers), rtol=1e-3, atol=1e-5)
+    # Rows reach the update in a canonical order, so the resumed run is bitwise the straight one.
+    assert numbers == expected_numbers
     assert [m["training/global_step"] for m in second.metrics] == [4, 5, 6]
     first_segment = [json.loads(line)["data"] for line in (second.run_dir / "metrics.1.jsonl").read_text().splitlines()]
     assert [m["training/global_step"] for m in first_segment] == [1, 2, 3]

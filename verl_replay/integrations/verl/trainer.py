@@ -189,6 +189,7 @@ class ReplayTrainerMixin:
         self._mini_batch_groups = None
         if not self._replay_active or logging_prefix != "global_seqlen":
             return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+        batch = self._canonical_order(batch)
         fresh_keys = [key for key, tag in zip(batch.keys, batch.tags) if is_fresh(tag)]
         fresh_groups = len({key.rsplit("_", 2)[0] for key in fresh_keys})
         self._mark_fresh_rows(batch)
@@ -259,6 +260,21 @@ class ReplayTrainerMixin:
         total = sum(tokens.values()) or 1
         metrics["replay/token_share"] = tokens[SOURCE_GROUP_REPLAY] / total
         metrics["replay/elite/token_share"] = tokens[SOURCE_ELITE] / total
+
+    @staticmethod
+    def _canonical_order(batch: KVBatchMeta) -> KVBatchMeta:
+        """Fresh rows in an order set by their tokens, not by rollout completion order.
+
+        TransferQueue hands rows over as they finish, so verl's balancing (and with it the
+        micro-batches and the float summation order of the gradient) would change from run to run;
+        replay decisions sit on thresholds (the drift gate), so a resumed run could then decide
+        differently from the straight one.
+        """
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts", "responses"])
+        prompts, responses = data["prompts"].unbind(0), data["responses"].unbind(0)
+        order = sorted(range(len(batch.keys)), key=lambda i: (prompts[i].tolist(), responses[i].tolist(), i))
+        batch.reorder(order)
+        return batch
 
     def _mark_fresh_rows(self, batch: KVBatchMeta) -> None:
         """Every row of an update carries ``replay_source`` (0 fresh, 1 group replay, 2 elite)."""
