@@ -180,22 +180,6 @@ train_cmd() {
   TRAIN_CMD=("$PYTHON" -m verl_replay.main "${TRAIN_ARGS[@]}")
 }
 
-eval_cmd() {
-  local model=$1 data
-  local -a files
-  split_csv files "$EVAL_FILES"
-  ((${#files[@]})) || die "EVAL_FILES is empty"
-  data="$(IFS=,; printf '%s' "${files[*]}")"
-  EVAL_CMD=()
-  if is_true "$TINY"; then EVAL_CMD+=(env OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"); fi
-  EVAL_CMD+=("$PYTHON" -m verl_replay.eval --data "$data" --model "$model" --out "$EVAL_OUT"
-    --backend "$EVAL_BACKEND" --n "$EVAL_N" --k "$EVAL_K" --temperature "$EVAL_TEMPERATURE" --top-p "$EVAL_TOP_P"
-    --max-new-tokens "$EVAL_MAX_NEW_TOKENS" --verify-workers "$VERIFY_WORKERS" --verify-timeout-s "$VERIFY_TIMEOUT_S")
-  if [[ -n "$EVAL_LIMIT" ]]; then EVAL_CMD+=(--limit "$EVAL_LIMIT"); fi
-  if [[ "$EVAL_BACKEND" == vllm ]]; then
-    EVAL_CMD+=(--tensor-parallel-size "$EVAL_TP" --max-model-len "$MAX_MODEL_LEN")
-  fi
-}
 
 if stage_on search; then
   require_file "$TRAIN_FILES" "SQL training set (TRAIN_FILES)"
