@@ -192,6 +192,32 @@ def _write(
     return PreparedFile(path=path.absolute(), rows=len(rows), data_source=source, split=split)
 
 
+def _prepare_sql_benchmark(
+    name: str,
+    load: Any,
+    input_dir: str | Path,
+    output_dir: str | Path,
+    *,
+    split: str,
+    limit: int | None,
+    databases_dir: str | Path | None,
+    with_sample_rows: int,
+    system_prompt: str | None,
+) -> list[PreparedFile]:
+    """BIRD and Spider: ``load(input_dir, split, ...)`` examples -> ``<name>_<split>.parquet``
+    (the benchmark's own comparison semantics: BIRD set equality, Spider bag/order)."""
+    examples = load(input_dir, split, databases_dir=databases_dir, limit=limit)
+    rows = sql_rows(
+        examples,
+        data_source=name,
+        split=split,
+        semantics=name,
+        with_sample_rows=with_sample_rows,
+        system_prompt=system_prompt,
+    )
+    return [_write(rows, Path(output_dir), f"{name}_{split}", SQL_RL_SCHEMA, name, split)]
+
+
 def prepare_bird(
     input_dir: str | Path,
     output_dir: str | Path,
@@ -204,16 +230,9 @@ def prepare_bird(
 ) -> list[PreparedFile]:
     from verl_replay.data.bird import load_bird
 
-    examples = load_bird(input_dir, split, databases_dir=databases_dir, limit=limit)
-    rows = sql_rows(
-        examples,
-        data_source="bird",
-        split=split,
-        semantics="bird",
-        with_sample_rows=with_sample_rows,
-        system_prompt=system_prompt,
-    )
-    return [_write(rows, Path(output_dir), f"bird_{split}", SQL_RL_SCHEMA, "bird", split)]
+    return _prepare_sql_benchmark("bird", load_bird, input_dir, output_dir, split=split, limit=limit,
+                                  databases_dir=databases_dir, with_sample_rows=with_sample_rows,
+                                  system_prompt=system_prompt)
 
 
 def prepare_spider(
@@ -228,16 +247,9 @@ def prepare_spider(
 ) -> list[PreparedFile]:
     from verl_replay.data.spider import load_spider
 
-    examples = load_spider(input_dir, split, databases_dir=databases_dir, limit=limit)
-    rows = sql_rows(
-        examples,
-        data_source="spider",
-        split=split,
-        semantics="spider",
-        with_sample_rows=with_sample_rows,
-        system_prompt=system_prompt,
-    )
-    return [_write(rows, Path(output_dir), f"spider_{split}", SQL_RL_SCHEMA, "spider", split)]
+    return _prepare_sql_benchmark("spider", load_spider, input_dir, output_dir, split=split, limit=limit,
+                                  databases_dir=databases_dir, with_sample_rows=with_sample_rows,
+                                  system_prompt=system_prompt)
 
 
 def prepare_ambiqt(
