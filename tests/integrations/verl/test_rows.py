@@ -89,6 +89,9 @@ def test_missing_acc_is_a_clear_configuration_error(group_rows):
     del group_rows[0]["extra_fields"]["reward_extra_info"]["acc"]
     with pytest.raises(GroupNotReplayable, match="acc"):
         rows_to_group(group_rows, anchor_field="old_log_probs")
+    # ingress by non-zero advantage does not need it: correctness falls back to score > 0
+    group = rows_to_group(group_rows, anchor_field="old_log_probs", require_acc=False)
+    assert group.correct.tolist() == [True, False]
     assert correctness_bit({"extra_fields": {"reward_extra_info": {"acc": np.float32(1.0)}}})
 
 

@@ -235,7 +235,8 @@ class GroupReplayController:
                     stats["skipped_ingress"] += 1  # multi-output agent sessions are not replayable
                     continue
                 try:
-                    groups.append(rows_to_group([rows[pos] for _, _, pos in members], anchor_field=self.anchor_field))
+                    groups.append(rows_to_group([rows[pos] for _, _, pos in members], anchor_field=self.anchor_field,
+                                                require_acc=self.config.ingress == "answer_disagree"))
                 except GroupNotReplayable as reason:
                     if "acc" in str(reason):
                         raise

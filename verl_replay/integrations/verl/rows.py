@@ -118,11 +118,13 @@ def rebuild_tokens(prompt: torch.Tensor, response: torch.Tensor, mask: torch.Ten
     )
 
 
-def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str) -> ReplayGroup:
+def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, require_acc: bool = True) -> ReplayGroup:
     """One GRPO group (the rows of one uid, session order) as a compact ``ReplayGroup``.
 
     ``anchor_field`` names the per-token log-probs stored as l_gen: ``old_log_probs`` in
     synchronous training, ``rollout_log_probs`` in the asynchronous modes (SPEC 1.4).
+    Without ``require_acc`` (ingress by non-zero advantage), a reward without ``acc`` is allowed
+    and the stored correctness bits fall back to ``score > 0`` (reported, not used for ingress).
     """
     if not rows:
         raise GroupNotReplayable("empty group")
@@ -151,7 +153,12 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str) -> Re
         masks.append(mask)
         gens.append(gen)
         advantages.append(_first_valid(torch.as_tensor(row["advantages"]).float(), mask))
-        correct.append(correctness_bit(row))
+        try:
+            correct.append(correctness_bit(row))
+        except GroupNotReplayable:
+            if require_acc:
+                raise
+            correct.append(score > 0)
         scores.append(score)
         overrides.append(override)
 
