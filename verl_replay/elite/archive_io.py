@@ -402,3 +402,25 @@ def load_frozen_archive(
 def manifest_dict(archive: FrozenArchive) -> dict[str, Any]:
     """A fresh mutable copy of ``archive.manifest``."""
     return thaw_json(archive.manifest)
+
+def hf_tokenizer_fingerprint(tokenizer: Any) -> str:
+    """:func:`~verl_replay.elite.archive_io.tokenizer_fingerprint` of a Hugging Face tokenizer.
+
+    Covers the vocabulary, the special-token strings (added tokens marked special, plus the
+    bos/eos/unk roles) and the chat template. The *pad* role is left out on purpose: the HF
+    generation backend and verl both set ``pad_token = eos_token`` on tokenizers without one,
+    padding is masked everywhere, and including it would make the same files fingerprint
+    differently depending on who loaded them. Training code should fingerprint its tokenizer
+    with this function to compare with an archive's manifest.
+    """
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    specials = sorted({tok.content for tok in added.values() if getattr(tok, "special", False)})
+    roles = {name: getattr(tokenizer, name, None) for name in ("bos_token", "eos_token", "unk_token")}
+    template = getattr(tokenizer, "chat_template", None)
+    if template is not None and not isinstance(template, str):  # a dict of named templates
+        template = json.dumps(template, sort_keys=True)
+    return tokenizer_fingerprint(
+        dict(tokenizer.get_vocab()),
+        {"roles": {k: (str(v) if v is not None else None) for k, v in roles.items()}, "special": specials},
+        template,
+    )

@@ -37,7 +37,6 @@ Nothing here ever reads a "correct" flag from a caller.
 from __future__ import annotations
 
 import abc
-import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_replay.elite.archive import Question
-from verl_replay.elite.archive_io import tokenizer_fingerprint
+from verl_replay.elite.archive_io import hf_tokenizer_fingerprint, tokenizer_fingerprint  # noqa: F401  (re-exported)
 from verl_replay.sql.vocabulary import Vocabulary, VocabularyError
 from verl_replay.verifiers.extract import extract_math_answer, extract_sql, strip_think
 from verl_replay.verifiers.math import MathVerification, verify_math
@@ -96,27 +95,6 @@ class TokenCounter:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def hf_tokenizer_fingerprint(tokenizer: Any) -> str:
-    """:func:`~verl_replay.elite.archive_io.tokenizer_fingerprint` of a Hugging Face tokenizer.
-
-    Covers the vocabulary, the special-token strings (added tokens marked special, plus the
-    bos/eos/unk roles) and the chat template. The *pad* role is left out on purpose: the HF
-    generation backend and verl both set ``pad_token = eos_token`` on tokenizers without one,
-    padding is masked everywhere, and including it would make the same files fingerprint
-    differently depending on who loaded them. Training code should fingerprint its tokenizer
-    with this function to compare with an archive's manifest.
-    """
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    specials = sorted({tok.content for tok in added.values() if getattr(tok, "special", False)})
-    roles = {name: getattr(tokenizer, name, None) for name in ("bos_token", "eos_token", "unk_token")}
-    template = getattr(tokenizer, "chat_template", None)
-    if template is not None and not isinstance(template, str):  # a dict of named templates
-        template = json.dumps(template, sort_keys=True)
-    return tokenizer_fingerprint(
-        dict(tokenizer.get_vocab()),
-        {"roles": {k: (str(v) if v is not None else None) for k, v in roles.items()}, "special": specials},
-        template,
-    )
 
 
 # ============================================================================ verification tasks

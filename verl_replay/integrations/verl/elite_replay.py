@@ -24,7 +24,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from verl_replay.config import ReplayConfig
 from verl_replay.elite.archive import FrozenArchive, FrozenEntry
-from verl_replay.elite.archive_io import load_frozen_archive
+from verl_replay.elite.archive_io import hf_tokenizer_fingerprint, load_frozen_archive
 from verl_replay.elite.sampler import BalancedSampler, IIDSampler
 from verl_replay.integrations.verl.rows import (
     CORE_FIELDS,
@@ -72,8 +72,6 @@ def check_archive_dataset(manifest: Mapping[str, Any], train_files: Sequence[str
 def preflight_archive(config: ReplayConfig, *, tokenizer: Any, train_files: Sequence[str]) -> None:
     """The start-up checks of the archive (integrity, tokenizer, dataset, not empty), run in the
     driver before Ray starts so a wrong archive fails in seconds."""
-    from verl_replay.elite.domains import hf_tokenizer_fingerprint
-
     archive = load_frozen_archive(config.elite.archive, expected_tokenizer_fingerprint=hf_tokenizer_fingerprint(tokenizer))
     check_archive_dataset(archive.manifest or {}, train_files, config.elite.archive)
 
@@ -83,8 +81,6 @@ class EliteReplayController:
 
     def __init__(self, config: ReplayConfig, *, tokenizer: Any, train_files: Sequence[str],
                  max_prompt_length: int, max_response_length: int, chat_template_kwargs: Optional[dict] = None) -> None:
-        from verl_replay.elite.domains import hf_tokenizer_fingerprint
-
         self.config = config
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
