@@ -142,28 +142,7 @@ search_cmd() {
 }
 
 train_cmd() {
-  local platform=(platform=gpu)
-  if is_true "$TINY"; then platform=(platform=cpu_tiny tiny_task=sql); fi
-  TRAIN_ARGS=(
-    "${platform[@]}"
-    "data.train_files=$TRAIN_FILES"
-    "data.val_files=$VAL_FILES"
-    "actor_rollout_ref.model.path=$MODEL_PATH"
-    "data.train_batch_size=$TRAIN_PROMPTS"
-    "data.max_prompt_length=$MAX_PROMPT_LENGTH"
-    "data.max_response_length=$MAX_RESPONSE_LENGTH"
-    "actor_rollout_ref.rollout.n=$GROUP_SIZE"
-    "actor_rollout_ref.rollout.temperature=$ROLLOUT_TEMPERATURE"
-    "actor_rollout_ref.actor.ppo_mini_batch_size=$PPO_MINI_PROMPTS"
-    "actor_rollout_ref.actor.optim.lr=$LR"
-    "trainer.total_training_steps=$TOTAL_STEPS"
-    "trainer.test_freq=$TEST_FREQ"
-    "actor_rollout_ref.rollout.val_kwargs.n=$VAL_N"
-    "trainer.project_name=$PROJECT"
-    "trainer.experiment_name=$EXPERIMENT"
-    "run_dir=$RUN_DIR"
-    "replay.strategy=$STRATEGY"
-  )
+  base_train_args sql
   if [[ "$STRATEGY" != none ]]; then
     TRAIN_ARGS+=(
       "replay.elite.archive=$ARCHIVE"

@@ -128,29 +128,10 @@ print_settings STRATEGY STAGES TINY DRY_RUN MODEL_PATH TRAIN_FILES EVAL_FILES RU
   GROUP_SIZE PPO_MINI_PROMPTS PARAMETER_SYNC_STEP K_REP K_REP_PER_ROUND TAU MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH
 
 train_cmd() {
-  local platform=(platform=gpu)
-  if is_true "$TINY"; then platform=(platform=cpu_tiny tiny_task=math); fi
-  TRAIN_ARGS=(
-    "${platform[@]}"
-    "data.train_files=$TRAIN_FILES"
-    "data.val_files=$VAL_FILES"
-    "actor_rollout_ref.model.path=$MODEL_PATH"
-    "data.train_batch_size=$TRAIN_PROMPTS"
-    "data.max_prompt_length=$MAX_PROMPT_LENGTH"
-    "data.max_response_length=$MAX_RESPONSE_LENGTH"
-    "actor_rollout_ref.rollout.n=$GROUP_SIZE"
-    "actor_rollout_ref.rollout.temperature=$ROLLOUT_TEMPERATURE"
-    "actor_rollout_ref.actor.ppo_mini_batch_size=$PPO_MINI_PROMPTS"
-    "actor_rollout_ref.actor.optim.lr=$LR"
-    "trainer.total_training_steps=$TOTAL_STEPS"
-    "trainer.test_freq=$TEST_FREQ"
-    "actor_rollout_ref.rollout.val_kwargs.n=$VAL_N"
+  base_train_args math
+  TRAIN_ARGS+=(
     "actor_rollout_ref.rollout.val_kwargs.temperature=$VAL_TEMPERATURE"
     actor_rollout_ref.rollout.val_kwargs.do_sample=True
-    "trainer.project_name=$PROJECT"
-    "trainer.experiment_name=$EXPERIMENT"
-    "run_dir=$RUN_DIR"
-    "replay.strategy=$STRATEGY"
   )
   if [[ "$STRATEGY" != none ]]; then
     TRAIN_ARGS+=(
