@@ -43,9 +43,16 @@ def _tiny_asset(name: str) -> str:
     return str(paths[name])
 
 
+def _sum(*values: int) -> int:
+    """``${vr_sum:a,b}``: integer sum (OmegaConf has no arithmetic)."""
+    return sum(int(value) for value in values)
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver(TINY_ASSET_RESOLVER):
         OmegaConf.register_new_resolver(TINY_ASSET_RESOLVER, _tiny_asset)
+    if not OmegaConf.has_resolver("vr_sum"):
+        OmegaConf.register_new_resolver("vr_sum", _sum)
 
 
 def prepare_platform(config: DictConfig) -> None:
