@@ -31,13 +31,17 @@ OVERRIDES = (
 
 
 def _composed_config(overrides: tuple[str, ...]) -> dict:
-    from hydra import compose, initialize_config_module
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    import verl_replay.main
     from verl_replay.main import register_resolvers
 
     register_resolvers()
-    with initialize_config_module(config_module="verl_replay.config", version_base=None):
+    config_dir = str(Path(verl_replay.main.__file__).parent / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
         config = compose(config_name="replay_trainer", overrides=list(overrides))
     return OmegaConf.to_container(config, resolve=True)
 

@@ -145,3 +145,14 @@ def test_split_rows_cuts_3d_nested_position_ids():
     assert all(torch.equal(a, b) for a, b in zip(rows, per_row))
     split = split_rows(TensorDict({"position_ids": nested_positions}, batch_size=2), 2)
     assert torch.equal(split[1]["position_ids"], per_row[1])
+
+
+def test_reference_log_probs_are_kept_for_a_kl_loss(group_rows):
+    for row in group_rows:
+        row["ref_log_prob"] = -torch.rand(len(row["responses"]))
+    group = rows_to_group(group_rows, anchor_field="old_log_probs")
+    from verl_replay.integrations.verl.rows import REF_LOG_PROBS_META
+
+    torch.testing.assert_close(group.meta[REF_LOG_PROBS_META], torch.cat([r["ref_log_prob"] for r in group_rows]))
+    rows = group_to_rows(group, uid="x", global_steps=0)
+    assert all("ref_log_prob" not in row for row in rows)  # written after verl's ref stage, not injected

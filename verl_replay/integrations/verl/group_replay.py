@@ -36,6 +36,7 @@ from verl_replay.headroom_drift.buffer import HeadroomDriftBuffer, NaiveReplayBu
 from verl_replay.headroom_drift.events import ReplayEventLog
 from verl_replay.integrations.verl.rows import (
     REPLAY_GROUP_FIELD,
+    REF_LOG_PROBS_META,
     REPLAY_SOURCE_FIELD,
     SOURCE_GROUP_REPLAY,
     GroupNotReplayable,
@@ -241,6 +242,23 @@ class GroupReplayStream(ReplayStream):
         if rollout_correction:
             fields["rollout_log_probs"] = nested([a.clone() for a in anchors])
         tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=TensorDict(fields, batch_size=len(keys)))
+
+    def after_ref_log_probs(self, partition_id: str) -> None:
+        """Replayed rows: the reference log-probs stored at ingress (the reference model is frozen)."""
+        if not self._replayed:
+            return
+        refs = []
+        for group, index in self._replayed.values():
+            stored = group.meta.get(REF_LOG_PROBS_META)
+            if stored is None:
+                raise ValueError(
+                    f"replayed group {group.group_id} was admitted without reference log-probs, but this run computes "
+                    "them (actor_rollout_ref.actor.use_kl_loss=True); resume with the KL setting it was stored under"
+                )
+            refs.append(self._response_slice(group, index, stored))
+        keys = list(self._replayed)
+        tq.kv_batch_put(keys=keys, partition_id=partition_id,
+                        fields=TensorDict({"ref_log_prob": nested(refs)}, batch_size=len(keys)))
 
     def after_advantages(self, partition_id: str) -> None:
         """Replayed rows: token-level advantages/returns are the stored A_i on valid tokens."""

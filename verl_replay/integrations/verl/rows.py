@@ -141,6 +141,8 @@ def rebuild_tokens(prompt: torch.Tensor, response: torch.Tensor, mask: torch.Ten
 
 # Group metadata key: the leading shape of the rows' position ids ((4,) for M-RoPE), when not 1-D.
 POSITION_ROWS_META = "__position_rows__"
+# Group metadata key: the reference model's log-probs of the responses (flat [L]), with a KL loss.
+REF_LOG_PROBS_META = "ref_log_probs"
 
 
 def _position_rows(row: Mapping[str, Any]) -> tuple[int, ...]:
@@ -162,7 +164,7 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
         raise GroupNotReplayable("empty group")
     prompt = torch.as_tensor(rows[0]["prompts"]).to(torch.int64)
     position_rows = _position_rows(rows[0])
-    responses, masks, gens, advantages, correct, scores, overrides = [], [], [], [], [], [], []
+    responses, masks, gens, advantages, correct, scores, overrides, refs = [], [], [], [], [], [], [], []
     for row in rows:
         row_prompt = torch.as_tensor(row["prompts"]).to(torch.int64)
         if not torch.equal(row_prompt, prompt):
@@ -186,6 +188,8 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
         responses.append(response)
         masks.append(mask)
         gens.append(gen)
+        if "ref_log_prob" in row:  # with a KL loss: the frozen reference's log-probs, reused on replay
+            refs.append(torch.as_tensor(row["ref_log_prob"]).to(torch.float32).reshape(-1))
         advantages.append(_first_valid(torch.as_tensor(row["advantages"]).float(), mask))
         try:
             correct.append(correctness_bit(row))
@@ -208,6 +212,11 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
                 target[name] = plain(value)
     if position_rows:
         shared[POSITION_ROWS_META] = list(position_rows)
+    meta: dict[str, Any] = {"shared": shared, "per_row": per_row, "source_uid": str(rows[0].get("uid", ""))}
+    if refs:
+        if len(refs) != len(rows) or any(r.numel() != m.numel() for r, m in zip(refs, masks)):
+            raise GroupNotReplayable("ref_log_prob does not align with responses")
+        meta[REF_LOG_PROBS_META] = torch.cat(refs)
     return ReplayGroup(
         prompt_ids=prompt,
         response_ids=torch.cat(responses),
@@ -217,7 +226,7 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
         advantages=torch.tensor(advantages, dtype=torch.float32),
         correct=torch.tensor(correct, dtype=torch.bool),
         scores=torch.tensor(scores, dtype=torch.float32),
-        meta={"shared": shared, "per_row": per_row, "source_uid": str(rows[0].get("uid", ""))},
+        meta=meta,
     )
 
 

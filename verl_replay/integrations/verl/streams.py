@@ -102,6 +102,9 @@ class ReplayStream(ABC):
     def after_old_log_probs(self, partition_id: str, *, rollout_correction: bool) -> None:
         return None
 
+    def after_ref_log_probs(self, partition_id: str) -> None:
+        return None
+
     def after_advantages(self, partition_id: str) -> None:
         return None
 

@@ -342,14 +342,68 @@ class ReplayTrainerMixin:
     # ------------------------------------------------------------------ stored anchor / advantages
 
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        batch = super()._compute_old_log_prob(batch, metrics)
         if not self._replay_active:
-            return batch
-        if any(not is_fresh(tag) and not tag.get("is_padding", False) for tag in batch.tags):
-            self._fresh_log_prob_metrics(batch, metrics)
+            return super()._compute_old_log_prob(batch, metrics)
+        forward = self._forward_rows(batch)
+        if forward is batch:
+            batch = super()._compute_old_log_prob(batch, metrics)
+            if self._has_replay_rows(batch):
+                self._fresh_log_prob_metrics(batch, metrics)
+        else:
+            # Replayed rows keep their stored anchor and elite rows need none: only fresh rows go
+            # through the forward (verl's entropy and rollout-vs-actor metrics are then theirs alone).
+            super()._compute_old_log_prob(forward, metrics)
+            self._fill_skipped_rows(batch, forward, ("old_log_probs", "entropy"))
         for stream in self._streams:
             stream.after_old_log_probs(batch.partition_id, rollout_correction=self._rollout_correction_on())
         return batch
+
+    def _compute_ref_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        if not self._replay_active:
+            return super()._compute_ref_log_prob(batch, metrics)
+        forward = self._forward_rows(batch)
+        if forward is batch:
+            batch = super()._compute_ref_log_prob(batch, metrics)
+        else:
+            super()._compute_ref_log_prob(forward, metrics)
+            self._fill_skipped_rows(batch, forward, ("ref_log_prob",))
+        for stream in self._streams:
+            stream.after_ref_log_probs(batch.partition_id)
+        return batch
+
+    @staticmethod
+    def _has_replay_rows(batch: KVBatchMeta) -> bool:
+        return any(not is_fresh(tag) and not tag.get("is_padding", False) for tag in batch.tags)
+
+    def _forward_rows(self, batch: KVBatchMeta) -> KVBatchMeta:
+        """The rows whose log-probs are needed: the fresh ones (plus padding rows where the
+        data-parallel dispatch needs them). ``batch`` itself when there is nothing to skip."""
+        if self.replay_config.recompute_replayed_log_probs or not self._has_replay_rows(batch):
+            return batch
+        multiple = self._micro_batch_rows(self._actor_dp_size(), training=False)
+        fresh = [i for i, tag in enumerate(batch.tags) if is_fresh(tag)]
+        padding = [i for i, tag in enumerate(batch.tags) if tag.get("is_padding", False)]
+        short = (-len(fresh)) % multiple
+        if short > len(padding):
+            return batch
+        keep = sorted(fresh + padding[:short])
+        return KVBatchMeta(keys=[batch.keys[i] for i in keep], tags=[batch.tags[i] for i in keep],
+                           partition_id=batch.partition_id, extra_info=batch.extra_info)
+
+    @staticmethod
+    def _fill_skipped_rows(batch: KVBatchMeta, forward: KVBatchMeta, fields: tuple[str, ...]) -> None:
+        """Zeros of each row's response length for the rows left out of a forward: every row must
+        carry every field (TransferQueue drops a field that some rows lack). The replay streams then
+        write what those rows keep (the stored anchor, the stored reference log-probs)."""
+        computed = set(forward.keys)
+        skipped = [key for key in batch.keys if key not in computed]
+        if not skipped:
+            return
+        lengths = tq.kv_batch_get(keys=skipped, partition_id=batch.partition_id,
+                                  select_fields=["response_mask"])["response_mask"].offsets().diff().tolist()
+        values = {name: torch.nested.as_nested_tensor([torch.zeros(int(n), dtype=torch.float32) for n in lengths],
+                                                      layout=torch.jagged) for name in fields}
+        tq.kv_batch_put(keys=skipped, partition_id=batch.partition_id, fields=TensorDict(values, batch_size=len(skipped)))
 
     def _fresh_log_prob_metrics(self, batch: KVBatchMeta, metrics: dict) -> None:
         """verl's entropy and rollout-vs-actor diagnostics, recomputed over fresh rows only."""
@@ -372,10 +426,37 @@ class ReplayTrainerMixin:
             metrics.update(calculate_debug_metrics(data))
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        fresh_rollout_corr = self._fresh_rollout_corr_metrics(batch) if self._replay_active else {}
         batch = super()._compute_advantage(batch, metrics)
+        metrics.update(fresh_rollout_corr)
         for stream in self._streams:
             stream.after_advantages(batch.partition_id)
         return batch
+
+    def _fresh_rollout_corr_metrics(self, batch: KVBatchMeta) -> dict[str, float]:
+        """verl's ``rollout_corr/*`` metrics over the fresh rows only (SPEC 1.7): replayed and elite
+        rows have IS weight 1 and no off-policy gap, so over the whole batch they dilute them."""
+        corr = self.config.algorithm.get("rollout_correction", None)
+        if corr is None or corr.get("bypass_mode", False) or not self.config.actor_rollout_ref.rollout.calculate_log_probs:
+            return {}
+        keys = [key for key, tag in zip(batch.keys, batch.tags) if is_fresh(tag)]
+        if not keys or len(keys) == sum(not tag.get("is_padding", False) for tag in batch.tags):
+            return {}  # no replay rows in this round: verl's own numbers are the fresh ones
+        from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
+        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields).to_padded_tensor()
+        _, _, fresh_metrics = compute_rollout_correction_and_rejection_mask(
+            old_log_prob=data["old_log_probs"],  # [B_fresh, T]
+            rollout_log_prob=data["rollout_log_probs"],
+            response_mask=data["response_mask"],
+            rollout_is=corr.get("rollout_is", None),
+            rollout_is_threshold=corr.get("rollout_is_threshold", 2.0),
+            rollout_is_batch_normalize=corr.get("rollout_is_batch_normalize", False),
+            rollout_rs=corr.get("rollout_rs", None),
+            rollout_rs_threshold=corr.get("rollout_rs_threshold", None),
+        )
+        return {key: float(value) for key, value in fresh_metrics.items()}
 
     # ------------------------------------------------------------------ update
 
