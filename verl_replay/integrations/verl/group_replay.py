@@ -232,7 +232,7 @@ class GroupReplayStream(ReplayStream):
 
     # ------------------------------------------------------------------ 3. stored anchor and advantages
 
-    def after_old_log_probs(self, partition_id: str, *, rollout_correction: bool) -> None:
+    def after_old_log_probs(self, partition_id: str, *, rollout_correction: bool, forwarded: bool = True) -> None:
         """Replayed rows: ``old_log_probs`` (and rollout log-probs) are the stored l_gen."""
         if not self._replayed:
             return
