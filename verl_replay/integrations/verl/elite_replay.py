@@ -248,7 +248,6 @@ class EliteReplayStream(ReplayStream):
     def load(self, folder: str | os.PathLike, step: int) -> bool:
         path = Path(folder) / SAMPLER_FILE
         if not path.exists():
-            logger.warning("no elite sampler state at %s: sampling restarts from zero counts", path)
-            return False
-        self.sampler.load_state_dict(torch.load(path, weights_only=False))
+            raise FileNotFoundError(f"{path}: the checkpoint's replay state has no elite sampler")
+        self.sampler.load_state_dict(torch.load(path, weights_only=True))
         return True

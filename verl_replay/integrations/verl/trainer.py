@@ -525,17 +525,45 @@ class ReplayTrainerMixin:
     def _replay_state_folder(self, global_step_folder: str) -> str:
         return os.path.join(global_step_folder, REPLAY_STATE_DIR)
 
+    def _replay_identity(self) -> dict:
+        """What the stored state's meaning depends on besides the replay settings."""
+        from verl_replay.elite.archive_io import hf_tokenizer_fingerprint
+
+        identity = {
+            "trainer_mode": self.trainer_mode,
+            "anchor_field": self.group_replay.anchor_field if self.group_replay is not None else None,
+            "tokenizer_fingerprint": hf_tokenizer_fingerprint(self.tokenizer),
+        }
+        if self.elite_replay is not None:
+            identity["elite_archive_sha256"] = (self.elite_replay.archive.manifest or {}).get("content_sha256")
+        return identity
+
     def _save_checkpoint(self) -> None:
+        from verl_replay.integrations.verl.replay_state import (
+            decision_settings,
+            prune_orphaned_states,
+            write_state_manifest,
+        )
+
         # Written before verl's own save, whose last act marks the checkpoint as the latest one:
-        # a checkpoint is never "latest" without its replay state.
+        # a checkpoint is never "latest" without its replay state (the manifest is written last).
         folder = self._replay_state_folder(
             os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         )
-        for stream in self._streams:
-            stream.save(folder)
+        if self._replay_active:
+            for stream in self._streams:
+                stream.save(folder)
+            write_state_manifest(folder, step=self.global_steps, identity=self._replay_identity(),
+                                 settings=decision_settings(self.replay_config))
         super()._save_checkpoint()
+        if self._replay_active:
+            for removed in prune_orphaned_states(self.config.trainer.default_local_dir, REPLAY_STATE_DIR,
+                                                 keep_step=self.global_steps):
+                logger.info("removed the replay state of pruned checkpoint %s", removed.parent)
 
     def _load_checkpoint(self) -> None:
+        from verl_replay.integrations.verl.replay_state import ReplayStateError, check_state_manifest, decision_settings
+
         super()._load_checkpoint()
         if not self._replay_active:
             return
@@ -550,6 +578,18 @@ class ReplayTrainerMixin:
         if not os.path.isabs(folder):
             folder = os.path.join(os.getcwd(), folder)
         folder = self._replay_state_folder(folder)
+        found = check_state_manifest(folder, step=self.global_steps, identity=self._replay_identity(),
+                                     settings=decision_settings(self.replay_config))
+        if not found:
+            if not self.replay_config.allow_missing_state:
+                raise ReplayStateError(
+                    f"resuming from global step {self.global_steps}, but {folder} holds no replay state (buffer, "
+                    "sampler): the replay streams would restart empty. Set replay.allow_missing_state=true to accept that"
+                )
+            logger.warning("no replay state in %s: replay restarts empty (replay.allow_missing_state=true)", folder)
+            if self.group_replay is not None:
+                self.group_replay.open_event_log(resume_from_step=self.global_steps)
+            return
         for stream in self._streams:
             stream.load(folder, step=self.global_steps)
 
