@@ -6,9 +6,11 @@ This backend keeps verl's server architecture: an :class:`HFReplica` launches on
 ``LLMServerClient.generate``, and the colocated :class:`HFServerAdapter` (inside each actor
 worker) pushes the trainer's weights to it every step, exactly where vLLM's adapter would.
 
-Numerics: the returned per-token log-probs are ``log_softmax(logits / temperature)`` of the sampled
-token, the quantity verl's actor recomputes as ``old_log_probs``, so rollout-vs-actor log-prob
-differences only measure the engines' numerics. Sampling is seeded per request from
+Numerics: the server holds the class verl's actor trains (for Qwen3.5 the vision-language
+``Qwen3_5ForConditionalGeneration``; text prompts get M-RoPE positions t = h = w = token index,
+as verl's agent loop computes them for the actor), and the returned per-token log-probs are
+``log_softmax(logits / temperature)`` of the sampled token, the quantity verl's actor recomputes
+as ``old_log_probs``, so rollout-vs-actor log-prob differences only measure the engines' numerics. Sampling is seeded per request from
 ``(seed, weight version, prompt ids, occurrence of that prompt)`` so a run is reproducible
 whatever order concurrent requests arrive in.
 """
