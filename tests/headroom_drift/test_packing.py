@@ -79,6 +79,18 @@ def test_meta_round_trip_property(meta):
     assert same(decode_meta(encode_meta(meta)), meta)
 
 
+def test_meta_subclasses_are_stored_as_their_base_type():
+    import collections
+    import enum
+
+    class Color(enum.IntEnum):
+        RED = 3
+
+    back = decode_meta(encode_meta({"e": Color.RED, "f": np.float64(0.5), "s": type("S", (str,), {})("x"),
+                                    "d": collections.OrderedDict(a=1)}))
+    assert same(back, {"e": 3, "f": 0.5, "s": "x", "d": {"a": 1}})
+
+
 def test_meta_refuses_what_it_cannot_store_and_names_the_path():
     with pytest.raises(ValueError, match=r"got object at meta\['a'\]\[1\]"):
         encode_meta({"a": [1, object()]})
@@ -90,6 +102,11 @@ def test_meta_refuses_what_it_cannot_store_and_names_the_path():
         encode_meta({"s": torch.eye(2).to_sparse()})
     with pytest.raises(ValueError, match="must be a dict"):
         encode_meta([1, 2])
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested too deeply"):
+        encode_meta({"deep": deep})
 
 
 def test_meta_corruption_is_detected(synth):

@@ -74,9 +74,10 @@ def pack_ids(ids: Tensor, width: int) -> bytes:
 
 def unpack_ids(buf: Any, offset: int, count: int, width: int) -> Tensor:
     """``count`` ids of ``width`` bytes at ``buf[offset:]`` as a new int32 tensor."""
-    if width == 3:
-        b = np.frombuffer(buf, np.uint8, 3 * count, offset).reshape(count, 3).astype(np.int32)
-        out = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
+    if width == 3:  # pad each id to 4 little-endian bytes (top byte 0) and reinterpret
+        wide = np.zeros((count, 4), np.uint8)
+        wide[:, :3] = np.frombuffer(buf, np.uint8, 3 * count, offset).reshape(count, 3)
+        out = wide.view("<i4").reshape(count).astype(np.int32, copy=False)
     else:
         out = np.frombuffer(buf, _ID_DTYPES[width], count, offset).astype(np.int32)
     return torch.from_numpy(out)
@@ -152,6 +153,16 @@ _ZDICT_V1 = b"".join(
 )
 
 
+class _Unsupported(Exception):
+    """A value the format cannot hold; carries the path to it, innermost last."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.path: list[str] = []
+
+
 def _varint(out: bytearray, value: int) -> None:
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -159,61 +170,86 @@ def _varint(out: bytearray, value: int) -> None:
     out.append(value)
 
 
-def _encode(out: bytearray, value: Any, where: str) -> None:
-    # bool before int: True is an int
-    if value is None:
-        out.append(_NONE)
-    elif value is True:
-        out.append(_TRUE)
-    elif value is False:
-        out.append(_FALSE)
-    elif isinstance(value, int):
-        out.append(_INT)
-        _varint(out, (value << 1) if value >= 0 else ((-value) << 1) - 1)  # zigzag
-    elif isinstance(value, float):
-        out.append(_FLOAT)
-        out += _DOUBLE.pack(value)
-    elif isinstance(value, str):
+# Encoded dict keys (length-prefixed UTF-8): the same few field names recur in every group.
+_KEYS: dict[str, bytes] = {}
+_MAX_KEYS = 4096
+
+
+def _encoded_key(key: Any) -> bytes:
+    raw = _KEYS.get(key) if type(key) is str else None
+    if raw is None:
+        if not isinstance(key, str):
+            raise _Unsupported(f"meta keys must be str, got {key!r}")
+        text = key.encode("utf-8", "surrogatepass")
+        head = bytearray()
+        _varint(head, len(text))
+        raw = bytes(head) + text
+        if len(_KEYS) < _MAX_KEYS:
+            _KEYS[key] = raw
+    return raw
+
+
+def _encode(out: bytearray, value: Any) -> None:
+    t = type(value)  # exact types first (the common case), subclasses below
+    if t is str:
         raw = value.encode("utf-8", "surrogatepass")
         out.append(_STR)
         _varint(out, len(raw))
         out += raw
-    elif isinstance(value, (list, tuple)):
-        out.append(_LIST if isinstance(value, list) else _TUPLE)
-        _varint(out, len(value))
-        for i, v in enumerate(value):
-            _encode(out, v, f"{where}[{i}]")
-    elif isinstance(value, dict):
+    elif t is dict:
         out.append(_DICT)
         _varint(out, len(value))
         for k, v in value.items():
-            if not isinstance(k, str):
-                raise ValueError(f"meta keys must be str, got {k!r} at {where}")
-            raw = k.encode("utf-8", "surrogatepass")
-            _varint(out, len(raw))
-            out += raw
-            _encode(out, v, f"{where}[{k!r}]")
+            out += _encoded_key(k)
+            try:
+                _encode(out, v)
+            except _Unsupported as exc:
+                exc.path.append(f"[{k!r}]")
+                raise
+    elif t is float:
+        out.append(_FLOAT)
+        out += _DOUBLE.pack(value)
+    elif t is bool:
+        out.append(_TRUE if value else _FALSE)
+    elif t is int:
+        out.append(_INT)
+        _varint(out, (value << 1) if value >= 0 else ((-value) << 1) - 1)  # zigzag
+    elif t is list or t is tuple:
+        out.append(_LIST if t is list else _TUPLE)
+        _varint(out, len(value))
+        for i, v in enumerate(value):
+            try:
+                _encode(out, v)
+            except _Unsupported as exc:
+                exc.path.append(f"[{i}]")
+                raise
+    elif value is None:
+        out.append(_NONE)
     elif isinstance(value, Tensor):
-        _encode_tensor(out, value, where)
+        _encode_tensor(out, value)
+    elif isinstance(value, (str, int, float, list, tuple, dict)):
+        # subclasses (IntEnum, a float subclass such as numpy.float64, ...) as their base type
+        base = next(b for b in (str, int, float, list, tuple, dict) if isinstance(value, b))
+        _encode(out, base(value) if base is not dict else dict(value))
     else:
-        raise ValueError(
+        raise _Unsupported(
             f"meta values must be None/bool/int/float/str/list/tuple/dict/Tensor, got "
-            f"{type(value).__name__} at {where} (convert numpy scalars with .item())"
+            f"{type(value).__name__}", hint=" (convert numpy scalars with .item())"
         )
 
 
-def _encode_tensor(out: bytearray, t: Tensor, where: str) -> None:
+def _encode_tensor(out: bytearray, t: Tensor) -> None:
     if t.layout != torch.strided or t.is_nested or t.is_quantized:
-        raise ValueError(f"meta tensors must be dense (strided), got layout {t.layout} at {where}")
+        raise _Unsupported(f"meta tensors must be dense (strided), got layout {t.layout}")
     code = _DTYPE_CODE.get(t.dtype)
     if code is None:
-        raise ValueError(f"meta tensor dtype {t.dtype} is not supported at {where}")
+        raise _Unsupported(f"meta tensor dtype {t.dtype} is not supported")
     t = t.detach().to("cpu").contiguous()
     out.append(_TENSOR)
     out.append(code)
     _varint(out, t.dim())
-    for s in t.shape:
-        _varint(out, s)
+    for size in t.shape:
+        _varint(out, size)
     if t.numel():
         raw = t.reshape(-1).view(torch.uint8).numpy()
         if not LITTLE_ENDIAN and t.element_size() > 1:
@@ -229,96 +265,130 @@ def encode_meta(meta: dict[str, Any]) -> bytes:
     if not isinstance(meta, dict):
         raise ValueError(f"meta must be a dict, got {type(meta).__name__}")
     body = bytearray()
-    _encode(body, meta, "meta")
+    try:
+        _encode(body, meta)
+    except _Unsupported as exc:
+        where = "meta" + "".join(reversed(exc.path))
+        raise ValueError(f"{exc.message} at {where}{exc.hint}") from None
+    except RecursionError:
+        raise ValueError("meta is nested too deeply to store") from None
     if len(body) >= _MIN_COMPRESS:
-        c = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, _ZDICT_V1)
+        c = zlib.compressobj(6, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, _ZDICT_V1)
         packed = c.compress(body) + c.flush()
         if len(packed) < len(body):
             return bytes([_DEFLATE_DICT_V1]) + packed
     return bytes([_RAW]) + bytes(body)
 
 
-class _Reader:
-    __slots__ = ("buf", "pos")
-
-    def __init__(self, buf: memoryview) -> None:
-        self.buf = buf
-        self.pos = 0
-
-    def take(self, count: int) -> memoryview:
-        end = self.pos + count
-        if end > len(self.buf):
-            raise MetaDecodeError("stored metadata is truncated")
-        part = self.buf[self.pos:end]
-        self.pos = end
-        return part
-
-    def byte(self) -> int:
-        if self.pos >= len(self.buf):
-            raise MetaDecodeError("stored metadata is truncated")
-        b = self.buf[self.pos]
-        self.pos += 1
-        return b
-
-    def varint(self) -> int:
-        value = shift = 0
-        while True:
-            b = self.byte()
-            value |= (b & 0x7F) << shift
-            if b < 0x80:
-                return value
-            shift += 7
-
-    def text(self) -> str:
-        try:
-            return str(self.take(self.varint()), "utf-8", "surrogatepass")
-        except UnicodeDecodeError:
-            raise MetaDecodeError("stored metadata holds invalid UTF-8") from None
+def _truncated() -> MetaDecodeError:
+    return MetaDecodeError("stored metadata is truncated")
 
 
-def _decode(r: _Reader) -> Any:
-    tag = r.byte()
-    if tag == _NONE:
-        return None
-    if tag == _TRUE:
-        return True
-    if tag == _FALSE:
-        return False
-    if tag == _INT:
-        z = r.varint()
-        return -((z + 1) >> 1) if z & 1 else z >> 1
-    if tag == _FLOAT:
-        return _DOUBLE.unpack(r.take(8))[0]
+def _decode(b: bytes, pos: int) -> tuple[Any, int]:
+    """(value, next position); ``b`` is the decompressed encoding. IndexError = truncated."""
+    tag = b[pos]
+    pos += 1
     if tag == _STR:
-        return r.text()
-    if tag in (_LIST, _TUPLE):
-        items = [_decode(r) for _ in range(r.varint())]
-        return items if tag == _LIST else tuple(items)
+        size = b[pos]
+        pos += 1
+        if size >= 0x80:
+            size, pos = _varint_rest(b, pos, size)
+        end = pos + size
+        if end > len(b):
+            raise _truncated()
+        return _text_at(b, pos, end), end
     if tag == _DICT:
+        count = b[pos]
+        pos += 1
+        if count >= 0x80:
+            count, pos = _varint_rest(b, pos, count)
         out = {}
-        for _ in range(r.varint()):
-            key = r.text()
-            out[key] = _decode(r)
-        return out
+        for _ in range(count):
+            size = b[pos]
+            pos += 1
+            if size >= 0x80:
+                size, pos = _varint_rest(b, pos, size)
+            end = pos + size
+            if end > len(b):
+                raise _truncated()
+            key = _text_at(b, pos, end)
+            out[key], pos = _decode(b, end)
+        return out, pos
+    if tag == _FLOAT:
+        if pos + 8 > len(b):
+            raise _truncated()
+        return _DOUBLE.unpack_from(b, pos)[0], pos + 8
+    if tag == _INT:
+        z = b[pos]
+        pos += 1
+        if z >= 0x80:
+            z, pos = _varint_rest(b, pos, z)
+        return (-((z + 1) >> 1) if z & 1 else z >> 1), pos
+    if tag == _LIST or tag == _TUPLE:
+        count = b[pos]
+        pos += 1
+        if count >= 0x80:
+            count, pos = _varint_rest(b, pos, count)
+        items = []
+        for _ in range(count):
+            item, pos = _decode(b, pos)
+            items.append(item)
+        return (items if tag == _LIST else tuple(items)), pos
+    if tag == _NONE:
+        return None, pos
+    if tag == _TRUE:
+        return True, pos
+    if tag == _FALSE:
+        return False, pos
     if tag == _TENSOR:
-        return _decode_tensor(r)
+        return _decode_tensor(b, pos)
     raise MetaDecodeError(f"stored metadata has an unknown tag {tag!r}")
 
 
-def _decode_tensor(r: _Reader) -> Tensor:
-    code = r.byte()
+def _varint_rest(b: bytes, pos: int, first: int) -> tuple[int, int]:
+    value, shift = first & 0x7F, 7
+    while True:
+        byte = b[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _varint_at(b: bytes, pos: int) -> tuple[int, int]:
+    first = b[pos]
+    return (first, pos + 1) if first < 0x80 else _varint_rest(b, pos + 1, first)
+
+
+def _text_at(b: bytes, start: int, end: int) -> str:
+    try:
+        return b[start:end].decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        raise MetaDecodeError("stored metadata holds invalid UTF-8") from None
+
+
+def _decode_tensor(b: bytes, pos: int) -> tuple[Tensor, int]:
+    code = b[pos]
     if code >= len(_DTYPES):
         raise MetaDecodeError(f"stored metadata has an unknown tensor dtype code {code}")
     dtype = _DTYPES[code]
-    shape = [r.varint() for _ in range(r.varint())]
+    ndim, pos = _varint_at(b, pos + 1)
+    shape = []
+    for _ in range(ndim):
+        size, pos = _varint_at(b, pos)
+        shape.append(size)
     numel = math.prod(shape)
     if numel == 0:
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype), pos
     size = torch.empty((), dtype=dtype).element_size()
-    raw = np.frombuffer(r.take(numel * size), np.uint8)
+    end = pos + numel * size
+    if end > len(b):
+        raise _truncated()
+    raw = np.frombuffer(b, np.uint8, numel * size, pos)
     if not LITTLE_ENDIAN and size > 1:
         raw = raw.reshape(-1, size)[:, ::-1].reshape(-1)
-    return torch.from_numpy(raw.copy()).view(dtype).reshape(shape)
+    return torch.from_numpy(raw.copy()).view(dtype).reshape(shape), end
 
 
 def decode_meta(blob: bytes | bytearray | memoryview) -> dict[str, Any]:
@@ -336,15 +406,18 @@ def decode_meta(blob: bytes | bytearray | memoryview) -> dict[str, Any]:
             raise MetaDecodeError(f"stored metadata does not decompress: {exc}") from None
         if not d.eof or d.unused_data:
             raise MetaDecodeError("stored metadata is truncated or has trailing bytes")
-        view = memoryview(raw)
     elif kind == _RAW:
-        view = view[1:]
+        raw = bytes(view[1:])
     else:
         raise MetaDecodeError(f"stored metadata has an unknown storage kind {kind}")
-    r = _Reader(view)
-    value = _decode(r)
-    if r.pos != len(view):
-        raise MetaDecodeError(f"stored metadata has {len(view) - r.pos} trailing bytes")
+    try:
+        value, pos = _decode(raw, 0)
+    except IndexError:
+        raise _truncated() from None
+    except RecursionError:
+        raise MetaDecodeError("stored metadata is nested too deeply") from None
+    if pos != len(raw):
+        raise MetaDecodeError(f"stored metadata has {len(raw) - pos} trailing bytes")
     if not isinstance(value, dict):
         raise MetaDecodeError("stored metadata is not a dict")
     return value
