@@ -159,7 +159,8 @@ def _big_group(gen, *, vocab, n=8, T=64, P=48, all_valid=True, meta=None):
                 response_lengths=torch.full((n,), T),
                 response_mask=(torch.ones(L, dtype=torch.bool) if all_valid
                                else torch.rand(L, generator=gen) > 0.2),
-                gen_log_probs=-3 * torch.rand(L, generator=gen), advantages=torch.randn(n, generator=gen),
+                gen_log_probs=-3 * torch.rand(L, generator=gen),
+                advantages=torch.randn(n, generator=gen),
                 correct=torch.rand(n, generator=gen) > 0.5, scores=torch.rand(n, generator=gen),
                 meta=meta)
 

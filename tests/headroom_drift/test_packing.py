@@ -37,8 +37,10 @@ def same(a, b) -> bool:
     if isinstance(a, dict):
         return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
     if isinstance(a, torch.Tensor):
-        return (a.dtype == b.dtype and a.shape == b.shape
-                and a.reshape(-1).view(torch.uint8).tolist() == b.reshape(-1).view(torch.uint8).tolist())
+        def raw(t):
+            return t.reshape(-1).view(torch.uint8).tolist()
+
+        return a.dtype == b.dtype and a.shape == b.shape and raw(a) == raw(b)
     return a == b
 
 
@@ -86,7 +88,8 @@ def test_meta_subclasses_are_stored_as_their_base_type():
     class Color(enum.IntEnum):
         RED = 3
 
-    back = decode_meta(encode_meta({"e": Color.RED, "f": np.float64(0.5), "s": type("S", (str,), {})("x"),
+    text = type("S", (str,), {})("x")
+    back = decode_meta(encode_meta({"e": Color.RED, "f": np.float64(0.5), "s": text,
                                     "d": collections.OrderedDict(a=1)}))
     assert same(back, {"e": 3, "f": 0.5, "s": "x", "d": {"a": 1}})
 
