@@ -793,8 +793,9 @@ def test_naive_buffer_newest_first_no_scorer(synth, tmp_path):
     assert res.groups == [] and res.stats["accepted"] == 0.0
     buf.admit([_group([1, 0], [1.0, -1.0]) for _ in range(3)], step=0)
     buf.admit([_group([1, 0], [1.0, -1.0]) for _ in range(5)], step=1)  # evicts ids 0, 1
-    res = buf.select(2, None)
+    res = buf.select(2, None, chunk_multiple=4)  # same call as the Headroom-Drift buffer
     assert res.accepted_ids == [7, 6, 5, 4]
+    assert res.forward_rows(8) == 0 and res.scored_groups == 0
     assert [g.replay_count for g in buf] == [0, 0, 1, 1, 1, 1]
     s = res.stats
     assert s["accepted"] == 4.0 and s["fill_ratio"] == 1.0 and s["age_accepted/max"] == 1.0
@@ -807,3 +808,5 @@ def test_naive_buffer_newest_first_no_scorer(synth, tmp_path):
     again = NaiveReplayBuffer.from_file(tmp_path / "n.pt")
     assert [g.group_id for g in again] == [g.group_id for g in buf]
     assert again.select(3, None).accepted_ids == buf.select(3, None).accepted_ids
+    with pytest.raises(ValueError, match="chunk_multiple"):
+        buf.select(4, None, chunk_multiple=0)

@@ -1201,9 +1201,14 @@ class NaiveReplayBuffer(_FifoReplayStore):
                  weighting: str = "sign") -> None:
         super().__init__(capacity=capacity, k_rep=k_rep, ingress=ingress, weighting=weighting)
 
-    def select(self, step: int, scorer: Scorer | None = None) -> SelectionResult:
+    def select(self, step: int, scorer: Scorer | None = None, *,
+               chunk_multiple: int = 1) -> SelectionResult:
+        """The latest K_rep groups, newest first. ``scorer`` and ``chunk_multiple`` are accepted
+        for the same call as :meth:`HeadroomDriftBuffer.select` and unused: nothing is scanned,
+        so nothing goes through a forward (``forward_rows() == 0``)."""
         t0 = time.perf_counter()
         step = _check_int("step", step, -(2**62))
+        _check_int("chunk_multiple", chunk_multiple, 1)
         candidates = len(self._groups)
         accepted: list[ReplayGroup] = []
         records: list[ScanRecord] = []
