@@ -810,6 +810,7 @@ class _FifoReplayStore:
         if len(set(gids)) != len(gids):
             raise ValueError("replay buffer state is inconsistent: duplicate group ids")
         groups = groups[max(0, len(groups) - self.capacity):]  # drop the oldest beyond capacity
+        _share_equal_numbers(groups)
         self._groups = {g.group_id: g for g in groups}
         self._fifo = deque(g.group_id for g in groups)
         self._next_group_id = int(state["next_group_id"])
@@ -878,6 +879,20 @@ class _FifoReplayStore:
         buf = cls(**state["config"])
         buf.load_state_dict(state)
         return buf
+
+
+def _share_equal_numbers(groups: Sequence[ReplayGroup]) -> None:
+    """One Python object per distinct number, as live admission leaves them (``tolist`` makes
+    one per entry): the same int for group_id and insert_seq, one birth-step int per step, the
+    same float for an unrefreshed cache. ~80 bytes per group at 1e5 groups."""
+    births: dict[int, int] = {}
+    for g in groups:
+        if g.insert_seq == g.group_id:
+            g.insert_seq = g.group_id
+        g.birth_step = births.setdefault(g.birth_step, g.birth_step)
+        a, b = g.headroom_cached, g.headroom_ref
+        if a == b and math.copysign(1.0, a) == math.copysign(1.0, b):  # bit-equal (signed 0)
+            g.headroom_cached = g.headroom_ref
 
 
 def _groups_v2(p: Mapping[str, Any], count: int,
