@@ -88,10 +88,14 @@ def test_meta_subclasses_are_stored_as_their_base_type():
     class Color(enum.IntEnum):
         RED = 3
 
-    text = type("S", (str,), {})("x")
-    back = decode_meta(encode_meta({"e": Color.RED, "f": np.float64(0.5), "s": text,
-                                    "d": collections.OrderedDict(a=1)}))
-    assert same(back, {"e": 3, "f": 0.5, "s": "x", "d": {"a": 1}})
+    class Liar(str):  # the stored value is the string's content, not what __str__ says
+        def __str__(self):
+            return "lie"
+
+    pair = collections.namedtuple("pair", "a b")
+    back = decode_meta(encode_meta({"e": Color.RED, "f": np.float64(0.5), "s": Liar("x"),
+                                    "d": collections.OrderedDict(a=1), "p": pair(1, [2])}))
+    assert same(back, {"e": 3, "f": 0.5, "s": "x", "d": {"a": 1}, "p": (1, [2])})
 
 
 def test_meta_refuses_what_it_cannot_store_and_names_the_path():

@@ -25,6 +25,7 @@ import math
 import struct
 import sys
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -189,6 +190,12 @@ def _encoded_key(key: Any) -> bytes:
     return raw
 
 
+_BASE_COPIES: tuple[tuple[type, Callable[[Any], Any]], ...] = (
+    (str, str.__str__), (int, int.__int__), (float, float.__float__), (list, list.copy),
+    (tuple, lambda v: tuple.__getitem__(v, slice(None))), (dict, dict.copy),
+)
+
+
 def _encode(out: bytearray, value: Any) -> None:
     t = type(value)  # exact types first (the common case), subclasses below
     if t is str:
@@ -228,9 +235,12 @@ def _encode(out: bytearray, value: Any) -> None:
     elif isinstance(value, Tensor):
         _encode_tensor(out, value)
     elif isinstance(value, (str, int, float, list, tuple, dict)):
-        # subclasses (IntEnum, a float subclass such as numpy.float64, ...) as their base type
-        base = next(b for b in (str, int, float, list, tuple, dict) if isinstance(value, b))
-        _encode(out, base(value) if base is not dict else dict(value))
+        # subclasses (IntEnum, numpy.float64, namedtuple, OrderedDict, ...) as their base type,
+        # through the base type's own copy (a subclass may override __str__, __int__, ...)
+        for base, copy in _BASE_COPIES:
+            if isinstance(value, base):
+                _encode(out, copy(value))
+                break
     else:
         raise _Unsupported(
             f"meta values must be None/bool/int/float/str/list/tuple/dict/Tensor, got "
