@@ -360,6 +360,17 @@ class ReplayGroup:
         blob = encode_meta(value)
         self._buf = self._buf[:_Layout(self._buf).meta] + blob
 
+    def _scoring_fields(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(gen_log_probs, response_mask, response_lengths, advantages) from one layout parse:
+        what Headroom/Drift need, for the buffer's per-group hot paths."""
+        lay = _Layout(self._buf)
+        mask = (torch.ones(lay.L, dtype=torch.bool) if lay.flags & _MASK_ALL_VALID
+                else unpack_bits(self._buf, lay.mask, lay.L))
+        lengths = torch.from_numpy(np.frombuffer(self._buf, "<u4", lay.n, lay.len)
+                                   .astype(np.int64))
+        return (_f32(self._buf, _HEADER.size, lay.L), mask, lengths,
+                _f32(self._buf, lay.adv, lay.n))
+
     # -- sizes -----------------------------------------------------------------------------
 
     @property
@@ -666,10 +677,12 @@ class _FifoReplayStore:
 
     def passes_ingress(self, group: ReplayGroup) -> bool:
         """SPEC 1.4: answers disagree (0 < sum c_i < n), or some A_i != 0."""
+        return self._passes(group.num_correct, group.n, group.advantages)
+
+    def _passes(self, num_correct: int, n: int, advantages: Tensor) -> bool:
         if self.ingress == "answer_disagree":
-            return 0 < group.num_correct < group.n
-        adv = group.advantages
-        return bool(((adv > 0) | (adv < 0)).any())
+            return 0 < num_correct < n
+        return bool(((advantages > 0) | (advantages < 0)).any())
 
     def admit(self, groups: Sequence[ReplayGroup], step: int) -> dict[str, Any]:
         """Ingress after the update (SPEC 1.4); evicts the oldest groups beyond capacity.
@@ -680,7 +693,7 @@ class _FifoReplayStore:
         """
         step = _check_int("step", step, -(2**62))
         seen: set[int] = set()
-        admitted: list[tuple[ReplayGroup, float]] = []
+        admitted: list[tuple[ReplayGroup, float, int, int]] = []
         for g in groups:
             if not isinstance(g, ReplayGroup):
                 raise ValueError(f"admit expects ReplayGroup objects, got {type(g).__name__}")
@@ -689,16 +702,17 @@ class _FifoReplayStore:
                     f"group already admitted (group_id={g.group_id}); build a new ReplayGroup"
                 )
             seen.add(id(g))
-            if not self.passes_ingress(g):
+            gen, mask, lengths, adv = g._scoring_fields()  # decoded once per group
+            n, num_correct = lengths.numel(), g.num_correct
+            if not self._passes(num_correct, n, adv):
                 continue
             # the group validated its own layout at construction
-            h_ref = float(headroom_flat(g.gen_log_probs, g.response_mask, g.response_lengths,
-                                        g.advantages, self.weighting, validate=False))
+            h_ref = float(headroom_flat(gen, mask, lengths, adv, self.weighting, validate=False))
             if math.isnan(h_ref):
                 raise ValueError("gen_log_probs contain NaN at valid positions; group refused")
-            admitted.append((g, h_ref))
+            admitted.append((g, h_ref, n, num_correct))
         events: list[dict[str, Any]] = []
-        for g, h_ref in admitted:
+        for g, h_ref, n, num_correct in admitted:
             g.group_id = self._next_group_id
             # one int object for both when equal (always, unless a state file says otherwise)
             g.insert_seq = (g.group_id if self._next_insert_seq == g.group_id
@@ -712,7 +726,7 @@ class _FifoReplayStore:
             self._fifo.append(g.group_id)
             self._on_insert(g)
             events.append(ingress_record(step=step, group_id=g.group_id, birth_step=step,
-                                         initial_headroom=h_ref, n=g.n, num_correct=g.num_correct))
+                                         initial_headroom=h_ref, n=n, num_correct=num_correct))
         evicted = 0
         while len(self._groups) > self.capacity:
             old = self._groups.pop(self._fifo.popleft())
@@ -1069,9 +1083,9 @@ class HeadroomDriftBuffer(_FifoReplayStore):
                 f"scorer must return a 1-D float tensor of length num_tokens={group.num_tokens} "
                 f"for group {group.group_id}, got {shape}"
             )
+        gen, mask, lengths, adv = group._scoring_fields()
         try:
-            return group_scores_flat(log_probs.detach().to("cpu"), group.gen_log_probs,
-                                     group.response_mask, group.response_lengths, group.advantages,
+            return group_scores_flat(log_probs.detach().to("cpu"), gen, mask, lengths, adv,
                                      self.weighting, self.drift_norm, validate=False)
         except ValueError as exc:
             raise ValueError(f"scorer output for group {group.group_id}: {exc}") from None
