@@ -457,14 +457,14 @@ def test_scorer_chunk_sizes_and_max_scan(synth):
 # ----------------------------------------------------------------------------- chunking
 
 
-def _run(synth, chunk, steps=8, seed=7, **kw):
+def _run(synth, chunk, steps=8, seed=7, multiple=1, **kw):
     cfg = dict(capacity=12, k_rep=3, tau=0.25, scan_chunk_groups=chunk)
     cfg.update(kw)
     buf = HeadroomDriftBuffer(**cfg)
     out = []
     for step in range(steps):
         if step:
-            out.append(buf.select(step, synth.SynthScorer(step)))
+            out.append(buf.select(step, synth.SynthScorer(step), chunk_multiple=multiple))
         buf.admit(synth.step_groups(seed, step, 5), step)
     return buf, out
 
@@ -476,14 +476,17 @@ def test_chunked_scan_equals_one_by_one(synth, kw):
     # the scenario exercises both outcomes of the gate
     assert sum(len(r.groups) for r in ref) > 0
     assert any(not rec.accepted for r in ref for rec in r.records)
-    for chunk in (2, 3, 7):
-        buf, res = _run(synth, chunk, **kw)
+    tails = 0
+    for chunk, multiple in ((2, 1), (3, 1), (7, 1), (1, 2), (3, 4), (16, 5)):
+        buf, res = _run(synth, chunk, multiple=multiple, **kw)
+        tails += sum(r.scored_groups - len(r.records) for r in res)
         for a, b in zip(ref, res):
             assert a.accepted_ids == b.accepted_ids
             assert a.records == b.records  # drift, refreshed headroom, ranks: bit-identical
             assert _stats_wo_timing(a) == _stats_wo_timing(b)
         assert _caches(ref_buf) == _caches(buf)
         assert [g.replay_count for g in ref_buf] == [g.replay_count for g in buf]
+    assert tails > 0  # rounded-up chunks did give the scorer groups that were never scanned
 
 
 # ----------------------------------------------------------------------------- properties
