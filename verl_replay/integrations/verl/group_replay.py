@@ -32,7 +32,13 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.utils.padding import response_from_nested
 
 from verl_replay.config import ReplayConfig
-from verl_replay.headroom_drift.buffer import HeadroomDriftBuffer, NaiveReplayBuffer, ReplayGroup, SelectionResult
+from verl_replay.headroom_drift.buffer import (
+    HeadroomDriftBuffer,
+    NaiveReplayBuffer,
+    ReplayGroup,
+    SelectionResult,
+    scan_chunk_multiple,
+)
 from verl_replay.headroom_drift.events import ReplayEventLog
 from verl_replay.integrations.verl.rows import (
     REPLAY_GROUP_FIELD,
@@ -171,7 +177,9 @@ class GroupReplayStream(ReplayStream):
         self.open_event_log()
         self._step = context.step
         scorer = context.scorer_factory() if isinstance(self.buffer, HeadroomDriftBuffer) else None
-        result = self.buffer.select(context.step, scorer)
+        # scan chunks sized to what can still be accepted, in whole data-parallel row multiples
+        multiple = scan_chunk_multiple(context.rows_per_group, scorer.row_multiple) if scorer is not None else 1
+        result = self.buffer.select(context.step, scorer, chunk_multiple=multiple)
         shares = split_over_rounds(len(result.groups), context.rounds)
         self._by_round, start = [], 0
         for share in shares:
@@ -238,7 +246,7 @@ class GroupReplayStream(ReplayStream):
         if not self._replayed:
             return
         keys = list(self._replayed)
-        anchors = [self._response_slice(group, index, group.gen_log_probs) for group, index in self._replayed.values()]
+        anchors = self._per_row(lambda group: group.gen_log_probs)
         fields = {"old_log_probs": nested(anchors)}
         if rollout_correction:
             fields["rollout_log_probs"] = nested([a.clone() for a in anchors])
@@ -248,15 +256,16 @@ class GroupReplayStream(ReplayStream):
         """Replayed rows: the reference log-probs stored at ingress (the reference model is frozen)."""
         if not self._replayed:
             return
-        refs = []
-        for group, index in self._replayed.values():
+        def stored_reference(group: ReplayGroup) -> torch.Tensor:
             stored = group.meta.get(REF_LOG_PROBS_META)
             if stored is None:
                 raise ValueError(
                     f"replayed group {group.group_id} was admitted without reference log-probs, but this run computes "
                     "them (actor_rollout_ref.actor.use_kl_loss=True); resume with the KL setting it was stored under"
                 )
-            refs.append(self._response_slice(group, index, stored))
+            return stored
+
+        refs = self._per_row(stored_reference)
         keys = list(self._replayed)
         tq.kv_batch_put(keys=keys, partition_id=partition_id,
                         fields=TensorDict({"ref_log_prob": nested(refs)}, batch_size=len(keys)))
@@ -266,20 +275,27 @@ class GroupReplayStream(ReplayStream):
         if not self._replayed:
             return
         keys = list(self._replayed)
-        values = []
-        for group, index in self._replayed.values():
-            mask = self._response_slice(group, index, group.response_mask).float()
-            values.append(mask * group.advantages[index])
+        masks = self._per_row(lambda group: group.response_mask)
+        advantages = {id(group): group.advantages for group, _ in self._replayed.values()}
+        values = [mask.float() * advantages[id(group)][index]
+                  for mask, (group, index) in zip(masks, self._replayed.values(), strict=True)]
         fields = {"advantages": nested(values), "returns": nested([v.clone() for v in values])}
         tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=TensorDict(fields, batch_size=len(keys)))
 
     def end_round(self) -> None:
         self._replayed = {}
 
-    @staticmethod
-    def _response_slice(group: ReplayGroup, index: int, flat: torch.Tensor) -> torch.Tensor:
-        offsets = group.response_offsets()
-        return flat[int(offsets[index]) : int(offsets[index + 1])].clone()
+    def _per_row(self, flat_of: Callable[[ReplayGroup], torch.Tensor]) -> list[torch.Tensor]:
+        """``flat_of(group)`` cut into the replayed rows' responses, in row order; each group's
+        field is decoded from its packed storage once."""
+        decoded: dict[int, tuple[torch.Tensor, list[int]]] = {}
+        out = []
+        for group, index in self._replayed.values():
+            if id(group) not in decoded:
+                decoded[id(group)] = (flat_of(group), group.response_offsets().tolist())
+            flat, offsets = decoded[id(group)]
+            out.append(flat[offsets[index] : offsets[index + 1]].clone())
+        return out
 
     # ------------------------------------------------------------------ 4. ingress
 

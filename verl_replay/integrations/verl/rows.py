@@ -233,18 +233,23 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
 
 def group_to_rows(group: ReplayGroup, *, uid: str, global_steps: int) -> list[dict[str, Any]]:
     """verl rows for an injected replay group: one row per response, session ids 0..n-1."""
+    # The group's fields decode from its packed storage on every read: read each once.
     offsets = group.response_offsets().tolist()
     prompt = group.prompt_ids.to(torch.int64)
-    shared = dict(group.meta.get("shared", {}))
+    meta = group.meta
+    shared = dict(meta.get("shared", {}))
     position_rows = tuple(shared.pop(POSITION_ROWS_META, ()))
-    per_row = group.meta.get("per_row", [{}] * group.n)
+    per_row = meta.get("per_row", [{}] * group.n)
+    response_ids = group.response_ids.to(torch.int64)
+    response_mask = group.response_mask.to(torch.int64)
+    gen_log_probs, scores = group.gen_log_probs, group.scores.tolist()
     rows = []
     for i in range(group.n):
         start, end = offsets[i], offsets[i + 1]
-        response = group.response_ids[start:end].to(torch.int64)
-        mask = group.response_mask[start:end].to(torch.int64)
-        gen = group.gen_log_probs[start:end].clone()
-        rebuilt = rebuild_tokens(prompt, response, mask, gen, float(group.scores[i]), position_rows)
+        response = response_ids[start:end].clone()
+        mask = response_mask[start:end].clone()
+        gen = gen_log_probs[start:end].clone()
+        rebuilt = rebuild_tokens(prompt, response, mask, gen, float(scores[i]), position_rows)
         row: dict[str, Any] = {**shared, **per_row[i]}
         row.update(
             prompts=prompt.clone(),

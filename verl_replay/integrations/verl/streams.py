@@ -82,6 +82,7 @@ class StepContext:
     step: int  # verl's global step (constant over its rounds)
     rounds: int  # update rounds in this global step
     scorer_factory: Optional[Callable[[], Any]] = None  # teacher-forced forwards of the current policy
+    rows_per_group: int = 1  # GRPO group size (rollout.n)
 
 
 class ReplayStream(ABC):

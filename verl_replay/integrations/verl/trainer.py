@@ -262,7 +262,8 @@ class ReplayTrainerMixin:
 
     def _begin_replay_step(self) -> None:
         context = StepContext(step=self.global_steps, rounds=int(self.parameter_sync_step),
-                              scorer_factory=self._policy_scorer)
+                              scorer_factory=self._policy_scorer,
+                              rows_per_group=int(self.config.actor_rollout_ref.rollout.n))
         for stream in self._streams:
             stream.begin_step(context)
 
