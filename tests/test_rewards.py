@@ -62,12 +62,19 @@ class TestSql:
         info = {"db_path": "dbs/hr.sqlite", "db_root": str(db.parent.parent)}
         assert compute_score("sql_bird_train", answer(GOLD), GOLD, info)["acc"] == 1.0
 
-    def test_spider_source_uses_bag_semantics_by_default(self, db: Path) -> None:
+    def test_spider_source_uses_spider_semantics_by_default(self, db: Path) -> None:
         info = {"db_path": str(db)}
         pred = answer("SELECT DISTINCT name FROM emp WHERE salary > 100")  # drops the duplicate 'cid'
         assert compute_score("bird", pred, GOLD, info)["acc"] == 1.0  # set semantics
-        assert compute_score("spider", pred, GOLD, info)["reason"] == "mismatch"  # bag semantics
-        assert compute_score("bird", pred, GOLD, {**info, "semantics": "spider"})["acc"] == 0.0
+        # the official Spider default removes DISTINCT from both queries
+        assert compute_score("spider", pred, GOLD, info)["acc"] == 1.0
+        keep = {**info, "semantics": "spider_keep_distinct"}
+        assert compute_score("spider", pred, GOLD, keep)["reason"] == "mismatch"  # bag semantics
+        swapped = answer("SELECT salary, name FROM emp WHERE salary > 100")
+        two_cols = "SELECT name, salary FROM emp WHERE salary > 100"
+        assert compute_score("spider", swapped, two_cols, info)["acc"] == 1.0  # column permutation
+        assert compute_score("bird", swapped, two_cols, info)["reason"] == "mismatch"
+        assert compute_score("bird", pred, GOLD, {**info, "semantics": "spider_keep_distinct"})["acc"] == 0.0
 
     def test_any_of_several_golds(self, db: Path) -> None:
         golds = ["SELECT id FROM emp WHERE salary > 100", GOLD]  # AmbiQT: two interpretations

@@ -13,6 +13,7 @@ import verifier_tasks as tasks
 from verifier_fixtures import fingerprint
 
 from verl_replay.verifiers.pool import TaskFailure, VerifierPool
+from verl_replay.verifiers.sandbox import warm_sql_sandbox
 from verl_replay.verifiers.sql import SQLVerification, sql_failure, verify_sql
 
 
@@ -96,7 +97,8 @@ def test_sql_through_pool_adversarial_within_deadline(db: Path) -> None:
 
 def test_pool_hard_deadline_returns_typed_failure(db: Path) -> None:
     verify = functools.partial(verify_sql, timeout_s=30.0)  # SQLite deadline far away
-    with VerifierPool(num_workers=1, task_timeout_s=0.5, on_failure=sql_failure) as pool:
+    # the initializer starts each worker's nested SQL sandbox outside the 0.5 s task deadline
+    with VerifierPool(num_workers=1, task_timeout_s=0.5, on_failure=sql_failure, initializer=warm_sql_sandbox) as pool:
         assert pool.wait_ready(10.0)
         start = time.monotonic()
         [hung] = pool.map(verify, [(str(db), "SELECT count(*) FROM t a, t b, t c, t d", "SELECT 1")])
