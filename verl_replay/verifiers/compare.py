@@ -140,7 +140,7 @@ class _Search:
 
     def _check_deadline(self) -> None:
         self.nodes += 1
-        if self.deadline is not None and self.nodes % _DEADLINE_EVERY == 0 and time.monotonic() > self.deadline:
+        if self.deadline is not None and self.nodes % _DEADLINE_EVERY == 1 and time.monotonic() > self.deadline:
             raise CompareTimeout(f"column permutation search passed its deadline after {self.nodes} nodes")
 
     def _consistent(self, gold_idx: list[int], pred_idx: list[int]) -> bool:
