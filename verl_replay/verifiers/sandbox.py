@@ -18,9 +18,10 @@ has not answered by ``timeout_s + kill_grace_s``:
   interpreter starts while the caller already has its result), and ``min_workers`` (default
   2) are kept, so the next query finds a ready worker.
 - **Bounded memory.** Each worker caps its address space (``RLIMIT_AS``, ``memory_limit_mb``)
-  and SQLite's heap (``PRAGMA hard_heap_limit``, 3/4 of it), so a query that builds huge
-  values fails with ``out_of_memory`` instead of exhausting the host; rows are counted per row
-  as they are produced (:mod:`verl_replay.verifiers.sql`).
+  and SQLite's heap (``PRAGMA hard_heap_limit``, half of it: a result row is copied once more
+  into Python objects), so a query that builds huge values fails with ``out_of_memory``
+  instead of exhausting the host; rows are counted per row as they are produced
+  (:mod:`verl_replay.verifiers.sql`).
 - **Nothing left behind.** A worker holds the read end of a "lifeline" pipe whose write end
   only the sandbox holds; a worker thread blocks on it and ends the process the moment it
   closes -- when the sandbox retires the worker, or when the owning process dies for any
@@ -91,7 +92,7 @@ def _apply_memory_limits(memory_limit_mb: int | None) -> None:
     # Process-wide in SQLite: fine here, the worker runs nothing else. SQLite then fails an
     # allocation cleanly (SQLITE_NOMEM) before Python's own allocations hit RLIMIT_AS.
     probe = sqlite3.connect(":memory:")
-    probe.execute(f"PRAGMA hard_heap_limit={limit * 3 // 4}")
+    probe.execute(f"PRAGMA hard_heap_limit={limit // 2}")
     probe.close()
 
 
