@@ -1,7 +1,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -104,6 +109,98 @@ class TestSql:
     def test_missing_database_file(self, tmp_path: Path) -> None:
         out = compute_score("bird", answer(GOLD), GOLD, {"db_path": str(tmp_path / "nope.sqlite")})
         assert out["reason"] == "db_missing" and out["acc"] == 0.0
+
+
+# Adversarial predictions for the reward path: (name, SQL, expected reason). Each must come
+# back as a failed verification within the deadline + 0.5 s, in bounded memory, with the
+# database unchanged. The two huge-row cases do ~0.5 s of real work before their cap trips;
+# on an oversubscribed machine their deadline can come first ("timeout" is accepted there;
+# tests/verifiers/test_sandbox.py checks those caps with a long deadline).
+HARD_CASES = [
+    # printf whose format is built at run time: 2000 paddings of 99,999 characters each
+    ("printf-runtime-format", "SELECT length(printf(replace(hex(zeroblob(2000)), '00', '%.99999c'), 'x'))", "byte_cap"),
+    ("printf-width-too-big", "SELECT printf('%.*c', 20000000, 'x')", "byte_cap"),
+    # widths from the rows: each call fits the value limit, but they take ~0.1 s each
+    ("printf-width-from-rows", "SELECT length(printf('%' || (a * 1000000) || 'd', 1)) FROM big", "timeout"),
+    # quadratic string functions: one SQLite step of tens of seconds (only the kill stops it)
+    ("instr-quadratic", "SELECT instr(x || 'b', substr(x, 1, 200000) || 'b') "
+                        "FROM (SELECT replace(hex(zeroblob(2000000)), '0', 'a') AS x)", "timeout"),
+    ("replace-quadratic", "SELECT length(replace(x, substr(x, 1, 100000) || 'b', 'c')) "
+                          "FROM (SELECT replace(hex(zeroblob(2000000)), '0', 'a') AS x)", "timeout"),
+    # huge rows: 150 rows of 16 MB (2.4 GB), and one row of 100 x 16 MB
+    ("rows-150x16MB", "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 150) "
+                      "SELECT x, zeroblob(16000000) FROM c", "byte_cap"),
+    ("row-100x16MB", "SELECT " + ", ".join(["zeroblob(16000000)"] * 100), "out_of_memory"),
+    # recursive CTEs: endless, and doubling a string every step
+    ("cte-endless", "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c", "timeout"),
+    ("cte-doubling", "WITH RECURSIVE c(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM c) "
+                     "SELECT max(length(s)) FROM c", "byte_cap"),
+    # writes, in the forms that start like a query too
+    ("delete", "DELETE FROM emp", "write_attempt"),
+    ("cte-delete", "WITH x AS (SELECT 1) DELETE FROM emp", "write_attempt"),
+    ("cte-insert", "WITH x AS (SELECT 1) INSERT INTO big SELECT a + 5000 FROM big", "write_attempt"),
+    ("drop", "DROP TABLE big", "write_attempt"),
+    ("pragma-wal", "PRAGMA journal_mode=WAL", "pragma_refused"),
+    ("vacuum-into", "VACUUM INTO '{dir}/copy.sqlite'", "write_attempt"),
+    ("attach", "ATTACH DATABASE '{dir}/other.sqlite' AS o", "attach_refused"),
+]
+
+_HARD_CASE_RUNNER = r"""
+import hashlib, json, os, resource, sys, threading, time
+from verl_replay.rewards import compute_score
+from verl_replay.verifiers.sandbox import get_sql_sandbox, shutdown_sql_sandbox
+
+db, timeout, cases = sys.argv[1], float(sys.argv[2]), json.loads(sys.argv[3])
+info = {"db_path": db}
+gold = "SELECT name FROM emp WHERE salary > 100"
+assert get_sql_sandbox().wait_ready(60)
+assert compute_score("bird", gold, gold, info)["acc"] == 1.0  # warm: the gold result is cached
+out = []
+for name, sql, expected in cases:
+    sql = sql.replace("{dir}", os.path.dirname(db))
+    start = time.monotonic()
+    score = compute_score("bird", "```sql\n" + sql + "\n```", gold, info, sql_timeout_s=timeout)
+    out.append({"name": name, "expected": expected, "elapsed": time.monotonic() - start, **score})
+stats = get_sql_sandbox().stats()
+shutdown_sql_sandbox()
+me = str(os.getpid())
+children = [p for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == me]
+print(json.dumps({
+    "cases": out,
+    "stats": stats,
+    "self_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    "children_maxrss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+    "children_left": children,
+    "threads": threading.active_count(),
+}))
+"""
+
+
+def test_hard_limits_through_compute_score(db: Path) -> None:
+    """Issue 12, must show: every adversarial prediction is a failed verification within the
+    deadline + 0.5 s and under 1 GiB (the scoring process and every sandbox worker), the
+    database is byte-identical, and no process or thread is left behind. Runs in a fresh
+    interpreter so that its peak memory is this test's."""
+    timeout = 1.0
+    digest = hashlib.sha256(db.read_bytes()).hexdigest()
+    listing = sorted(os.listdir(db.parent))
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_HARD_CASE_RUNNER), str(db), str(timeout), json.dumps(HARD_CASES)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    heavy = {"rows-150x16MB", "row-100x16MB"}
+    for case in report["cases"]:
+        accepted = {case["expected"], "timeout"} if case["name"] in heavy else {case["expected"]}
+        assert (case["acc"], case["score"]) == (0.0, 0.0) and case["reason"] in accepted, case
+        assert case["elapsed"] <= timeout + 0.5, case
+    assert report["stats"]["kills"] >= 2  # at least the two quadratic string functions
+    gib_kb = 1024 * 1024
+    assert report["self_maxrss_kb"] < gib_kb and report["children_maxrss_kb"] < gib_kb, report
+    assert report["children_left"] == [] and report["threads"] == 1
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
+    assert sorted(os.listdir(db.parent)) == listing  # no copy, attached file, journal or WAL
 
 
 class TestMath:

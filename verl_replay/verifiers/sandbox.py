@@ -14,9 +14,9 @@ has not answered by ``timeout_s + kill_grace_s``:
   worker's socket with ``poll(timeout_s + kill_grace_s)``; when that expires it SIGKILLs the
   worker and returns a ``timeout`` result. Callers on different threads use different
   workers; the sandbox starts one per concurrent caller up to ``max_workers``.
-- **Cheap recovery.** A killed or crashed worker is replaced at once, in the background (its
-  interpreter starts while the caller already has its result), and ``min_workers`` (default
-  2) are kept, so the next query finds a ready worker.
+- **Cheap recovery.** A killed or crashed worker is replaced at once (starting a process takes
+  milliseconds; the new interpreter boots while the caller already has its result), and
+  ``min_workers`` (default 2) are kept, so the next query finds a ready worker.
 - **Bounded memory.** Each worker caps its address space (``RLIMIT_AS``, ``memory_limit_mb``)
   and SQLite's heap (``PRAGMA hard_heap_limit``, half of it: a result row is copied once more
   into Python objects), so a query that builds huge values fails with ``out_of_memory``
@@ -447,7 +447,9 @@ class SQLSandbox:
             self._busy.discard(worker)
             if worker in self._idle:
                 self._idle.remove(worker)
-            self._top_up()  # the replacement starts now, while the caller returns
+            # The replacement starts now (Popen returns in milliseconds; the interpreter boots
+            # while the caller returns), so back-to-back kills do not wait for a boot.
+            self._top_up()
             self._cond.notify()
 
     def _kill(self, worker: _Worker) -> None:
@@ -457,11 +459,8 @@ class SQLSandbox:
         except OSError:
             pass
         worker.release_fds()
-        try:
-            worker.proc.wait(timeout=0.05)  # usually immediate; else reaped on a later call
-        except subprocess.TimeoutExpired:
-            with self._cond:
-                self._exiting.append(worker.proc)
+        with self._cond:
+            self._reap_later(worker.proc)  # reaped by the next call (or close), never waited for here
         self._remove(worker, "kills")
 
     def _crashed(self, worker: _Worker, *, start_failure: bool = False) -> int | None:

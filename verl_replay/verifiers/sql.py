@@ -126,7 +126,7 @@ MAX_COMPOUND_SELECT = 100
 #: Longest LIKE/GLOB pattern (SQLITE_LIMIT_LIKE_PATTERN_LENGTH; default 50000).
 MAX_LIKE_PATTERN = 10_000
 #: Seconds past its deadline after which the sandbox kills a query's worker process.
-KILL_GRACE_S = 0.3
+KILL_GRACE_S = 0.25
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 # Progress-handler period in SQLite VM instructions. Small on purpose: instructions are not
 # equally cheap -- with multi-MB values (hex/replace of an 8 MB blob per row) 1000
@@ -400,6 +400,10 @@ def _harden(conn: sqlite3.Connection, guard: _Guard) -> None:
     conn.text_factory = _decode_text
 
     def guarded_printf(*args: Any) -> Any:
+        # One call can take ~0.1 s (a 16 MB padding), and the progress handler may see only
+        # one tick per ten calls: check the deadline here too.
+        if guard.expired():
+            raise TimeoutError("the deadline passed")
         if args and isinstance(args[0], str):
             size = _printf_min_output(args[0], args[1:], guard)
             if size > guard.length_limit:
@@ -474,15 +478,21 @@ def _fetch(
     try:
         cursor = conn.execute(text)
         rows: list[tuple[Any, ...]] = []
-        size = 0
+        append = rows.append
+        size = count = 0
         for row in cursor:
-            size += 16 + sum(map(_value_size, row))
+            count += 1
+            # _value_size of every value, inlined: this loop runs once per result row
+            size += 16 + 8 * len(row)
+            for value in row:
+                if value.__class__ is str or value.__class__ is bytes:
+                    size += len(value) - 8
             if size > max_bytes:
-                return None, "byte_cap", f"result larger than {max_bytes} bytes (at row {len(rows) + 1})"
-            rows.append(row)
-            if len(rows) > max_rows:
+                return None, "byte_cap", f"result larger than {max_bytes} bytes (at row {count})"
+            append(row)
+            if count > max_rows:
                 return None, "row_cap", f"more than {max_rows} rows"
-            if len(rows) % _DEADLINE_ROWS == 0 and guard.expired():  # time spent in Python between steps
+            if count % _DEADLINE_ROWS == 0 and guard.expired():  # time spent in Python between steps
                 return None, "timeout", f"exceeded {timeout_s:g}s while fetching"
         return rows, "ok", ""
     except (sqlite3.Error, sqlite3.Warning, MemoryError) as exc:
