@@ -233,6 +233,20 @@ class TestMath:
         assert time.monotonic() - start < 1.0 + 1.0
 
 
+def test_math_reward_is_bounded_on_degenerate_responses() -> None:
+    """A response stuck in a loop (thousands of unclosed boxes or delimiters) is scored in
+    linear time in the calling thread; before, 28 KB of '\\boxed{' took 15 s there."""
+    for text in ("\\boxed{" * 20000, "\\( x " * 20000, "$$ 1 " * 20000 + "$"):
+        start = time.monotonic()
+        out = compute_score("math_dapo", text, "2", math_timeout_s=1.0)
+        assert out["acc"] == 0.0
+        assert time.monotonic() - start < 1.0 + 0.5
+    huge = "9" * 5000  # more digits than int() converts: math-verify decides, not an internal error
+    assert compute_score("math_dapo", "\\boxed{" + huge + "}", huge)["acc"] == 1.0
+    assert compute_score("math_dapo", "\\boxed{" + huge + "}", huge[:-1] + "8", math_timeout_s=2.0)["reason"] in (
+        "mismatch", "timeout")
+
+
 def test_threads_mixing_sql_and_math(db: Path) -> None:
     info = {"db_path": str(db)}
     calls = [
