@@ -113,6 +113,16 @@ class TestSpider:
         with pytest.raises(CompareTimeout):
             spider_match(pred, gold, ordered=False, deadline=time.monotonic() - 1)
 
+    def test_large_results_are_fast_or_stopped_by_the_deadline(self) -> None:
+        gold = [(i, 2 * i, f"r{i}") for i in range(100_000)]  # the row cap's worth
+        pred = [(c, a, b) for a, b, c in reversed(gold)]
+        start = time.monotonic()
+        assert spider_match(pred, gold, ordered=False)  # no REAL values: no unordered-row check
+        assert time.monotonic() - start < 3.0
+        real = [(i, i * 0.5) for i in range(100_000)]  # REAL values: the official check runs
+        with pytest.raises(CompareTimeout):
+            spider_match([(b, a) for a, b in real], real, ordered=False, deadline=time.monotonic())
+
     def test_results_match_dispatch(self) -> None:
         assert results_match([(2, 1)], [(1, 2)], "spider_keep_distinct", ordered=False)
         assert not results_match([(2, 1)], [(1, 2)], "bird", ordered=False)
