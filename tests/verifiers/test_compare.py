@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import random
 import re
 import sqlite3
 import time
@@ -380,6 +381,26 @@ def _assert_same_verdicts(corpus_db: Path, semantics: str) -> int:
             disagreements.append((gold, pred, expected, ours.reason, ours.detail))
     assert not disagreements, f"{len(disagreements)} of {compared} pairs differ, e.g. {disagreements[:5]}"
     return correct
+
+
+def test_spider_match_equals_the_brute_force_reference_on_random_results() -> None:
+    """Random small results over values chosen to collide: INTEGER vs REAL (2 and 2.0, 0.0 and
+    -0.0), TEXT vs BLOB, NULL, duplicates; permuted and perturbed predictions."""
+    rng = random.Random(7)
+    values = [0, 1, 2, 2.0, 0.0, -0.0, 2.5, "a", "2", b"a", None]
+    for _ in range(3000):
+        cols, nrows = rng.randint(1, 4), rng.randint(0, 5)
+        gold = [tuple(rng.choice(values) for _ in range(cols)) for _ in range(nrows)]
+        perm = rng.sample(range(cols), cols)
+        pred = [tuple(r[k] for k in perm) for r in gold]
+        rng.shuffle(pred)
+        if pred and rng.random() < 0.5:  # perturb one value
+            i, j = rng.randrange(len(pred)), rng.randrange(cols)
+            row = list(pred[i])
+            row[j] = rng.choice(values)
+            pred[i] = tuple(row)
+        for ordered in (False, True):
+            assert spider_match(pred, gold, ordered=ordered) == ref_result_eq(gold, pred, ordered), (gold, pred, ordered)
 
 
 def test_corpus_golds_order_test_is_the_official_one() -> None:
