@@ -140,7 +140,9 @@ def _worker_main(sock_fd: int, lifeline_fd: int, config: dict[str, Any]) -> None
 
 
 class _Worker:
-    __slots__ = ("conn", "lifeline", "peak_rss_kb", "proc", "ready", "tasks")
+    """One worker process. Only the thread that holds it (it is in ``_busy``) reads its socket."""
+
+    __slots__ = ("_fd_lock", "conn", "lifeline", "peak_rss_kb", "proc", "ready", "tasks")
 
     def __init__(self, proc: subprocess.Popen[bytes], conn: Connection, lifeline: int) -> None:
         self.proc = proc
@@ -149,15 +151,25 @@ class _Worker:
         self.ready = False
         self.tasks = 0
         self.peak_rss_kb = 0
+        self._fd_lock = threading.Lock()
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def release_fds(self) -> None:
-        for close in (self.conn.close, lambda: os.close(self.lifeline)):
+        """Close the socket and the lifeline (the worker then exits); idempotent and
+        thread-safe: closing a descriptor twice could close an unrelated file that reused it."""
+        with self._fd_lock:
+            if self.lifeline < 0:
+                return
+            lifeline, self.lifeline = self.lifeline, -1
             try:
-                close()
+                self.conn.close()
+            except OSError:
+                pass
+            try:
+                os.close(lifeline)
             except OSError:
                 pass
 
@@ -274,9 +286,21 @@ class SQLSandbox:
         """Start ``min_workers`` workers (if needed) and wait until they answer; True if they do."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            if self._closed:
+                return False
             self._top_up()
-            idle = list(self._idle)
-        return all(self._await_ready(w, max(0.0, deadline - time.monotonic())) for w in idle)
+            starting = [w for w in self._idle if not w.ready]
+            for worker in starting:  # held while waiting: no caller reads their sockets meanwhile
+                self._idle.remove(worker)
+                self._busy.add(worker)
+        ok = True
+        for worker in starting:
+            if self._await_ready(worker, max(0.0, deadline - time.monotonic())):
+                self._release(worker, count_task=False)
+            else:
+                ok = False
+                self._crashed(worker, start_failure=True)
+        return ok
 
     def stats(self) -> dict[str, int]:
         with self._cond:
@@ -421,10 +445,10 @@ class SQLSandbox:
             pass
         return False
 
-    def _release(self, worker: _Worker, *, recycle: bool = False) -> None:
+    def _release(self, worker: _Worker, *, recycle: bool = False, count_task: bool = True) -> None:
         with self._cond:
             self._busy.discard(worker)
-            worker.tasks += 1
+            worker.tasks += int(count_task)
             if self._closed:
                 worker.release_fds()
                 self._reap_later(worker.proc)
