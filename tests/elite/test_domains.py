@@ -101,7 +101,6 @@ def test_sql_semantics_of_a_row(sql, sql_rows) -> None:
     import copy
 
     from verl_replay.elite.domains import DataError
-    from verl_replay.verifiers.sandbox import warm_sql_sandbox
 
     row = copy.deepcopy(sql_rows[0])
     row["extra_info"]["semantics"] = "spider_keep_distinct"
@@ -110,7 +109,7 @@ def test_sql_semantics_of_a_row(sql, sql_rows) -> None:
     with pytest.raises(DataError, match="spider_keep_distinct"):
         sql.question_from_row(row, 0)
     # search pools start each worker's SQL sandbox before the worker takes tasks
-    assert type(sql).initializer is warm_sql_sandbox
+    assert "verl_replay.verifiers.sql" in sql.preload
 
 
 def test_sql_correct_solutions_verify_and_are_described(sql, sql_rows) -> None:

@@ -124,7 +124,7 @@ def test_150_rows_of_16_mb_stop_at_the_first_row_past_the_cap(db: Path) -> None:
         result = run(fresh, db, ROWS_150_X_16MB, timeout_s=10.0)
         assert result.reason == "byte_cap"
         assert "at row 5" in result.detail  # 4 x 16 MB fit in 64 MB; the 5th row trips the cap
-        assert fresh.peak_rss_kb * 1024 < 256 * MB, fresh.peak_rss_kb  # not 150 x 16 MB = 2.4 GB
+        assert fresh.peak_rss_kb * 1024 < 512 * MB, fresh.peak_rss_kb  # ~130 MB measured; not 150 x 16 MB = 2.4 GB
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,6 @@ from verl_replay.sql.vocabulary import Vocabulary, VocabularyError
 from verl_replay.verifiers.extract import extract_math_answer, extract_sql, strip_think
 from verl_replay.verifiers.compare import SEMANTICS
 from verl_replay.verifiers.math import MathVerification, verify_math
-from verl_replay.verifiers.sandbox import warm_sql_sandbox
 from verl_replay.verifiers.sql import KILL_GRACE_S, SQLVerification, sql_failure, verify_sql
 
 __all__ = [
@@ -295,9 +294,9 @@ class SQLDomain(Domain):
     name = "sql"
     solution_noun = "SQLite query"
     format_instruction = "Answer with one SQLite query in a ```sql code block."
+    # (preloading verl_replay.verifiers.sql makes each pool worker start its SQL sandbox -- the
+    # hard per-query kill -- before it takes tasks)
     preload = ("sqlite3", "verl_replay.verifiers.sql", "verl_replay.elite.domains")
-    # each pool worker starts its SQL sandbox (the hard per-query kill) before taking tasks
-    initializer = staticmethod(warm_sql_sandbox)
 
     def question_from_row(self, row: Mapping[str, Any], index: int) -> Question:
         info = _required(row, index, "extra_info")

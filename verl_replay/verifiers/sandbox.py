@@ -231,6 +231,10 @@ class SQLSandbox:
         self._closed = False
         self._start_failures = 0
         self._owner_pid = os.getpid()
+        # The directory holding this package first: an editable install is found through a
+        # site hook (.pth), which -S workers do not run.
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self._sys_path = [package_root, *(p for p in sys.path if p != package_root)]
         # Diagnostics (tests, benchmarks).
         self.started_pids: list[int] = []
         self.kills = 0
@@ -354,10 +358,12 @@ class SQLSandbox:
         """Start one worker process (returns at once; it reports ready on its socket)."""
         parent_sock, child_sock = socket.socketpair()
         lifeline_r, lifeline_w = os.pipe()
-        config = {"sys_path": list(sys.path), "memory_limit_mb": self.memory_limit_mb}
+        config = {"sys_path": self._sys_path, "memory_limit_mb": self.memory_limit_mb}
         try:
+            # -S: no site import (.pth files, sitecustomize): the worker gets this interpreter's
+            # sys.path explicitly and needs only the standard library and this package
             proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, str(child_sock.fileno()), str(lifeline_r), json.dumps(config)],
+                [sys.executable, "-S", "-c", _BOOT, str(child_sock.fileno()), str(lifeline_r), json.dumps(config)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 pass_fds=(child_sock.fileno(), lifeline_r),
