@@ -192,20 +192,23 @@ def _child_pids() -> list[int]:
     return kids
 
 
+# Peaks are VmHWM (per address space), not ru_maxrss, which Linux carries across exec.
 _MEMORY_PROBE = r"""
-import json, resource, sys
+import json, sys
 from verl_replay.verifiers.sql import execute_readonly
 db, isolation, sql = sys.argv[1], sys.argv[2], sys.argv[3]
 kwargs = {} if isolation == "default" else {"isolation": isolation}
 result = execute_readonly(db, sql, timeout_s=60.0, **kwargs)
+worker_kb = 0
 try:
-    from verl_replay.verifiers.sandbox import shutdown_sql_sandbox
-    shutdown_sql_sandbox()  # reaps the workers: RUSAGE_CHILDREN then covers them
+    from verl_replay.verifiers.sandbox import get_sql_sandbox, shutdown_sql_sandbox
+    worker_kb = get_sql_sandbox().peak_rss_kb
+    shutdown_sql_sandbox()
 except ImportError:
     pass
-print(json.dumps({"reason": result.reason, "detail": result.detail,
-                  "self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+hwm = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1])
+print(json.dumps({"reason": result.reason, "detail": result.detail, "self_mb": hwm / 1024,
+                  "children_mb": worker_kb / 1024}))
 """
 
 

@@ -97,7 +97,6 @@ def _apply_memory_limits(memory_limit_mb: int | None) -> None:
 
 
 def _worker_main(sock_fd: int, lifeline_fd: int, config: dict[str, Any]) -> None:
-    import resource
     import signal
 
     # Ctrl-C goes to the whole process group; the owner decides when workers stop.
@@ -119,15 +118,11 @@ def _worker_main(sock_fd: int, lifeline_fd: int, config: dict[str, Any]) -> None
         try:
             db_path, sql, timeout_s, max_rows, max_bytes = pickle.loads(message)
             result = executor.execute(db_path, sql, timeout_s, max_rows, max_bytes)
-            reply = (result.rows, result.reason, result.detail)
-            payload = pickle.dumps(
-                (*reply, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss), protocol=pickle.HIGHEST_PROTOCOL
-            )
+            payload = pickle.dumps((result.rows, result.reason, result.detail), protocol=pickle.HIGHEST_PROTOCOL)
         except MemoryError:
-            reply = (None, "out_of_memory", f"the result did not fit in {config.get('memory_limit_mb')} MB")
-            payload = pickle.dumps((*reply, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+            payload = pickle.dumps((None, "out_of_memory", f"the result did not fit in {config.get('memory_limit_mb')} MB"))
         except Exception as exc:  # noqa: BLE001 - report, keep serving
-            payload = pickle.dumps((None, "internal_error", f"{type(exc).__name__}: {exc}", 0))
+            payload = pickle.dumps((None, "internal_error", f"{type(exc).__name__}: {exc}"))
         del message
         try:
             conn.send_bytes(payload)
@@ -142,7 +137,7 @@ def _worker_main(sock_fd: int, lifeline_fd: int, config: dict[str, Any]) -> None
 class _Worker:
     """One worker process. Only the thread that holds it (it is in ``_busy``) reads its socket."""
 
-    __slots__ = ("_fd_lock", "conn", "lifeline", "peak_rss_kb", "proc", "ready", "tasks")
+    __slots__ = ("_fd_lock", "conn", "lifeline", "proc", "ready", "tasks")
 
     def __init__(self, proc: subprocess.Popen[bytes], conn: Connection, lifeline: int) -> None:
         self.proc = proc
@@ -150,7 +145,6 @@ class _Worker:
         self.lifeline = lifeline
         self.ready = False
         self.tasks = 0
-        self.peak_rss_kb = 0
         self._fd_lock = threading.Lock()
 
     @property
@@ -175,7 +169,11 @@ class _Worker:
 
 
 def _vm_hwm_kb(pid: int) -> int:
-    """Peak resident memory of a live process (Linux), 0 when unknown."""
+    """Peak resident memory of a live process (Linux), 0 when unknown.
+
+    ``VmHWM`` belongs to the process's address space, which exec replaces. ``ru_maxrss`` would
+    not do: Linux carries it across exec, so a worker started by a 1 GB process "peaks" at 1 GB.
+    """
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as f:
             for line in f:
@@ -240,7 +238,7 @@ class SQLSandbox:
         self.kills = 0
         self.crashes = 0
         self.recycled = 0
-        self.peak_rss_kb = 0  # largest peak RSS reported by (or read from) any worker
+        self._gone_peak_kb = 0  # largest peak RSS of the workers no longer running
 
     # ------------------------------------------------------------------ public API
 
@@ -272,12 +270,10 @@ class SQLSandbox:
                     None, "worker_crashed", f"the sandbox worker died while running the query (exit code {code})",
                     time.monotonic() - start,
                 )
-            rows, reason, detail, rss_kb = pickle.loads(reply)
+            rows, reason, detail = pickle.loads(reply)
         except BaseException:
             self._kill(worker)  # interrupted mid-query (KeyboardInterrupt, ...): state unknown
             raise
-        worker.peak_rss_kb = max(worker.peak_rss_kb, rss_kb)
-        self.peak_rss_kb = max(self.peak_rss_kb, rss_kb)
         self._release(worker, recycle=reason == "out_of_memory")
         return QueryResult(rows, reason, detail, time.monotonic() - start)
 
@@ -306,16 +302,30 @@ class SQLSandbox:
                 self._crashed(worker, start_failure=True)
         return ok
 
+    @property
+    def peak_rss_kb(self) -> int:
+        """Largest peak resident memory (``VmHWM``) of any worker so far, in KiB."""
+        with self._cond:
+            live = [w.pid for w in (*self._idle, *self._busy)]
+            gone = self._gone_peak_kb
+        return max([gone, *map(_vm_hwm_kb, live)])
+
+    def _note_peak(self, worker: _Worker) -> None:
+        """Record a worker's peak before it goes (read from /proc while it still exists)."""
+        peak = _vm_hwm_kb(worker.pid)
+        with self._cond:
+            self._gone_peak_kb = max(self._gone_peak_kb, peak)
+
     def stats(self) -> dict[str, int]:
         with self._cond:
-            return {
+            counts = {
                 "workers": len(self._idle) + len(self._busy),
                 "started": len(self.started_pids),
                 "kills": self.kills,
                 "crashes": self.crashes,
                 "recycled": self.recycled,
-                "peak_rss_kb": self.peak_rss_kb,
             }
+        return {**counts, "peak_rss_kb": self.peak_rss_kb}
 
     @property
     def closed(self) -> bool:
@@ -336,6 +346,7 @@ class SQLSandbox:
         if os.getpid() != self._owner_pid:
             return  # inherited through fork: those processes belong to the parent
         for worker in workers:
+            self._note_peak(worker)
             worker.release_fds()  # the lifeline closes: each worker exits at once
             exiting.append(worker.proc)
         deadline = time.monotonic() + timeout_s
@@ -460,6 +471,7 @@ class SQLSandbox:
                 self._reap_later(worker.proc)
             elif recycle or worker.tasks >= self.max_tasks_per_worker:
                 self.recycled += 1
+                self._gone_peak_kb = max(self._gone_peak_kb, _vm_hwm_kb(worker.pid))
                 worker.release_fds()  # the worker exits on its own
                 self._reap_later(worker.proc)
                 self._top_up()
@@ -483,7 +495,7 @@ class SQLSandbox:
             self._cond.notify()
 
     def _kill(self, worker: _Worker) -> None:
-        self.peak_rss_kb = max(self.peak_rss_kb, _vm_hwm_kb(worker.pid))
+        self._note_peak(worker)
         try:
             worker.proc.kill()
         except OSError:
@@ -494,6 +506,7 @@ class SQLSandbox:
         self._remove(worker, "kills")
 
     def _crashed(self, worker: _Worker, *, start_failure: bool = False) -> int | None:
+        self._note_peak(worker)  # (a dead process has no /proc entry left: 0)
         worker.release_fds()
         try:
             code = worker.proc.wait(timeout=1.0)
