@@ -1,26 +1,40 @@
-"""Verifier throughput on this machine: in process vs VerifierPool, and the pool under hangs.
+"""Verifier throughput and memory on this machine: the reward path, the pool, the sandbox.
 
-    python benchmarks/bench_verifiers.py [--quick] [--workers 2]
+    python benchmarks/bench_verifiers.py [--quick] [--workers 2] [--sections reward,memory,pool,math]
 
 Builds a small SQLite database in a temporary directory, then reports, in one table:
 
-1. SQL verifications/second in process (simple SELECTs, gold results cached);
-2. the same through ``VerifierPool(workers)``, one task per verification and in batches;
-3. the pool's throughput when 10% of the tasks hang (half a pure-Python infinite loop that the
-   pool must kill at its hard deadline, half an SQL infinite recursive CTE that SQLite's own
-   deadline stops) next to 0% hanging, and their ratio;
-4. math: fast path (in process) and sandbox (math-verify in worker processes).
+1. ``reward``: the training reward path, ``verl_replay.rewards.compute_score`` on SQL answers
+   (simple SELECTs, gold results cached) from 1 and 4 threads (verl's reward loop calls it
+   from executor threads), with the default process sandbox and with ``sql_isolation=
+   "inline"``; the same with 1% of the answers stuck in one long SQLite step (quadratic
+   ``instr``), which only the sandbox's kill stops; threads and processes left afterwards;
+2. ``memory``: the peak memory of a query returning 150 rows of 16 MB, in a fresh interpreter
+   (inline: that process; sandbox: its worker);
+3. ``pool``: SQL verifications/second in process vs through ``VerifierPool(workers)``, one task
+   per verification and in batches, and the pool's throughput when 10% of the tasks hang
+   (half a pure-Python infinite loop that the pool must kill at its hard deadline, half an
+   SQL infinite recursive CTE that SQLite's own deadline stops);
+4. ``math``: fast path (in process) and sandbox (math-verify in worker processes).
+
+``reward`` and ``memory`` use only ``compute_score`` / ``execute_readonly``, so the script can
+measure an older checkout too (``PYTHONPATH=<old checkout> python benchmarks/bench_verifiers.py
+--sections reward,memory``); rows that need the sandbox then read ``n/a``.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import sqlite3
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from verl_replay.verifiers.math import shutdown_math_sandbox, verify_math
@@ -36,6 +50,13 @@ SIMPLE = [
     "SELECT count(*) FROM t WHERE a % 7 = 0",
 ]
 SQL_HANG = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c"
+# One SQLite step of ~50 s (quadratic instr on a 4 MB string): no progress handler can stop it.
+LONG_STEP = (
+    "SELECT instr(x || 'b', substr(x, 1, 200000) || 'b') FROM (SELECT replace(hex(zeroblob(2000000)), '0', 'a') AS x)"
+)
+ROWS_150_X_16MB = (
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 150) SELECT x, randomblob(16000000) FROM c"
+)
 
 
 def build_db(path: Path) -> Path:
@@ -126,6 +147,119 @@ def bench_hangs(pool: VerifierPool, db: str, n: int, hang_fraction: float, sql_t
     return rate(n, time.perf_counter() - start), reasons
 
 
+def _have_sandbox() -> bool:
+    try:
+        import verl_replay.verifiers.sandbox  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def bench_reward(db: str, n: int, threads: int, isolation: str | None, timeout_s: float,
+                 long_every: int = 0) -> tuple[float, dict[str, int]]:
+    """compute_score calls/s from ``threads`` threads (and the reasons seen)."""
+    from verl_replay.rewards import compute_score
+
+    info = {"db_path": db}
+    extra = {} if isolation is None else {"sql_isolation": isolation}
+
+    def score(i: int) -> str:
+        sql = LONG_STEP if long_every and i % long_every == long_every - 1 else SIMPLE[i % len(SIMPLE)]
+        return compute_score("bird", f"```sql\n{sql}\n```", GOLD, info, sql_timeout_s=timeout_s, **extra)["reason"]
+
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(score, range(4 * threads)))  # warm: gold cache, one sandbox worker per thread
+        start = time.perf_counter()
+        reasons = list(ex.map(score, range(n)))
+        elapsed = time.perf_counter() - start
+    counts: dict[str, int] = {}
+    for r in reasons:
+        counts[r] = counts.get(r, 0) + 1
+    return rate(n, elapsed), counts
+
+
+def _child_pids() -> list[int]:
+    me = str(os.getpid())
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                    if f.read().rsplit(")", 1)[1].split()[1] == me:
+                        kids.append(int(entry))
+            except OSError:
+                pass
+    return kids
+
+
+# Peaks are VmHWM (per address space), not ru_maxrss, which Linux carries across exec.
+_MEMORY_PROBE = r"""
+import json, sys
+from verl_replay.verifiers.sql import execute_readonly
+db, isolation, sql = sys.argv[1], sys.argv[2], sys.argv[3]
+kwargs = {} if isolation == "default" else {"isolation": isolation}
+result = execute_readonly(db, sql, timeout_s=60.0, **kwargs)
+worker_kb = 0
+try:
+    from verl_replay.verifiers.sandbox import get_sql_sandbox, shutdown_sql_sandbox
+    worker_kb = get_sql_sandbox().peak_rss_kb
+    shutdown_sql_sandbox()
+except ImportError:
+    pass
+hwm = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1])
+print(json.dumps({"reason": result.reason, "detail": result.detail, "self_mb": hwm / 1024,
+                  "children_mb": worker_kb / 1024}))
+"""
+
+
+def bench_memory(db: str, isolation: str) -> dict[str, object]:
+    """Peak memory of the 150 x 16 MB query in a fresh interpreter."""
+    # cwd: not the checkout, whose verl_replay/ would shadow PYTHONPATH for `python -c`
+    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, db, isolation, ROWS_150_X_16MB],
+                         capture_output=True, text=True, timeout=600, check=True, cwd=os.path.dirname(db))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def reward_rows(db: str, n: int, quick: bool) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    sandbox = _have_sandbox()
+    threads_before = threading.active_count()
+    for threads in (1, 4):
+        value, _ = bench_reward(db, n, threads, None, 5.0)
+        rows.append((f"reward: compute_score, {threads} thread(s)", f"{value:9.0f} verif/s"))
+    if sandbox:
+        value, _ = bench_reward(db, n, 1, "inline", 5.0)
+        rows.append(("reward: compute_score, sql_isolation=inline", f"{value:9.0f} verif/s"))
+        from verl_replay.verifiers.sandbox import get_sql_sandbox, shutdown_sql_sandbox
+
+        kills = get_sql_sandbox().kills
+        n_long = 200 if quick else 1000
+        value, reasons = bench_reward(db, n_long, 4, None, 0.2, long_every=100)
+        rows.append((f"reward: 4 threads, 1% long steps ({n_long}, 0.2 s)",
+                     f"{value:9.0f} verif/s  {reasons}  kills={get_sql_sandbox().kills - kills}"))
+        ideal = n_long / (n_long / 100 * (0.2 + 0.25) / 4)
+        rows.append(("  bound from the kills alone (1%, 0.45 s / 4 threads)", f"{ideal:9.0f} verif/s"))
+        shutdown_sql_sandbox()
+        rows.append(("reward: after shutdown: extra threads / child processes",
+                     f"{threading.active_count() - threads_before:9d} / {len(_child_pids())}"))
+    else:
+        rows.append(("reward: 4 threads, 1% long steps", "      n/a (no sandbox: each takes ~50 s)"))
+    return rows
+
+
+def memory_rows(db: str) -> list[tuple[str, str]]:
+    rows = []
+    inline = bench_memory(db, "inline" if _have_sandbox() else "default")
+    rows.append(("memory: 150 x 16 MB rows, inline (scoring process peak)",
+                 f"{inline['self_mb']:9.0f} MB  {inline['reason']}: {inline['detail']}"))
+    if _have_sandbox():
+        proc = bench_memory(db, "process")
+        rows.append(("memory: 150 x 16 MB rows, sandbox (worker peak)",
+                     f"{proc['children_mb']:9.0f} MB  {proc['reason']}: {proc['detail']}"))
+        rows.append(("memory:   the scoring process meanwhile", f"{proc['self_mb']:9.0f} MB"))
+    return rows
+
+
 def bench_math(n: int) -> tuple[float, float, float]:
     """(fast path /s, sandbox /s, sandbox cold start s)."""
     start = time.perf_counter()
@@ -150,46 +284,71 @@ def bench_math(n: int) -> tuple[float, float, float]:
     return fast, sandbox, cold
 
 
+def pool_rows(db: str, n: int, n_hang: int, workers: int, sql_timeout: float, pool_deadline: float) -> list[tuple[str, str]]:
+    rows = [("sql in process (1 thread)", f"{bench_in_process(db, n, sql_timeout):9.0f} verif/s")]
+    t0 = time.perf_counter()
+    with VerifierPool(workers, task_timeout_s=pool_deadline, on_failure=sql_failure) as pool:
+        pool.wait_ready(60)
+        rows.append((f"pool({workers}) start until workers ready", f"{time.perf_counter() - t0:9.2f} s"))
+        rows.append((f"sql via pool({workers}), 1 task each", f"{bench_pool(pool, db, n, sql_timeout):9.0f} verif/s"))
+        rows.append((f"sql via pool({workers}), batches of 50",
+                     f"{bench_pool_batched(pool, db, n, sql_timeout, 50):9.0f} verif/s"))
+        base, base_reasons = bench_hangs(pool, db, n_hang, 0.0, sql_timeout)
+        replaced = pool.replacements
+        hung, hung_reasons = bench_hangs(pool, db, n_hang, 0.10, sql_timeout)
+        kills = pool.replacements - replaced
+    rows.append((f"pool, 0% hanging ({n_hang} tasks)", f"{base:9.1f} tasks/s  {base_reasons}"))
+    rows.append((f"pool, 10% hanging ({n_hang} tasks)", f"{hung:9.1f} tasks/s  {hung_reasons}"))
+    rows.append(("  ratio 10% / 0%", f"{hung / base:9.3f}   (workers killed+replaced: {kills})"))
+    n_hangs = n_hang // 10
+    ideal = n_hang / (n_hang / base + (n_hangs / 2 * pool_deadline + n_hangs / 2 * sql_timeout) / workers)
+    rows.append(("  ideal 10% rate (hang time / workers)", f"{ideal:9.1f} tasks/s"))
+    return rows
+
+
+def math_rows(n: int) -> list[tuple[str, str]]:
+    fast, sandbox, cold = bench_math(n)
+    shutdown_math_sandbox()
+    return [
+        ("math fast path (in process)", f"{fast:9.0f} verif/s"),
+        ("math sandbox first call (cold)", f"{cold:9.2f} s"),
+        ("math sandbox (math-verify, mixed forms)", f"{sandbox:9.1f} verif/s"),
+    ]
+
+
+SECTIONS = ("reward", "memory", "pool", "math")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer tasks and shorter deadlines (~10 s)")
+    parser.add_argument("--quick", action="store_true", help="fewer tasks and shorter deadlines")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     args = parser.parse_args()
+    sections = [x for x in args.sections.split(",") if x]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--sections: unknown {unknown}; choose from {list(SECTIONS)}")
     n = 1000 if args.quick else 5000
     n_hang = 200 if args.quick else 1000
     sql_timeout, pool_deadline = (0.2, 0.4) if args.quick else (0.5, 1.0)
+    load = os.getloadavg()[0]
 
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as tmp:
         db = str(build_db(Path(tmp) / "bench.sqlite"))
-        rows.append(("sql in process (1 thread)", f"{bench_in_process(db, n, sql_timeout):9.0f} verif/s"))
+        if "reward" in sections:
+            rows += reward_rows(db, n, args.quick)
+        if "memory" in sections:
+            rows += memory_rows(db)
+        if "pool" in sections:
+            rows += pool_rows(db, n, n_hang, args.workers, sql_timeout, pool_deadline)
+    if "math" in sections:
+        rows += math_rows(n)
 
-        t0 = time.perf_counter()
-        with VerifierPool(args.workers, task_timeout_s=pool_deadline, on_failure=sql_failure) as pool:
-            pool.wait_ready(60)
-            rows.append((f"pool({args.workers}) start until workers ready", f"{time.perf_counter() - t0:9.2f} s"))
-            rows.append((f"sql via pool({args.workers}), 1 task each", f"{bench_pool(pool, db, n, sql_timeout):9.0f} verif/s"))
-            rows.append((f"sql via pool({args.workers}), batches of 50",
-                         f"{bench_pool_batched(pool, db, n, sql_timeout, 50):9.0f} verif/s"))
-            base, base_reasons = bench_hangs(pool, db, n_hang, 0.0, sql_timeout)
-            replaced = pool.replacements
-            hung, hung_reasons = bench_hangs(pool, db, n_hang, 0.10, sql_timeout)
-            kills = pool.replacements - replaced
-        rows.append((f"pool, 0% hanging ({n_hang} tasks)", f"{base:9.1f} tasks/s  {base_reasons}"))
-        rows.append((f"pool, 10% hanging ({n_hang} tasks)", f"{hung:9.1f} tasks/s  {hung_reasons}"))
-        rows.append(("  ratio 10% / 0%", f"{hung / base:9.3f}   (workers killed+replaced: {kills})"))
-        n_hangs = n_hang // 10
-        ideal = n_hang / (n_hang / base + (n_hangs / 2 * pool_deadline + n_hangs / 2 * sql_timeout) / args.workers)
-        rows.append(("  ideal 10% rate (hang time / workers)", f"{ideal:9.1f} tasks/s"))
-
-    fast, sandbox, cold = bench_math(n)
-    shutdown_math_sandbox()
-    rows.append(("math fast path (in process)", f"{fast:9.0f} verif/s"))
-    rows.append(("math sandbox first call (cold)", f"{cold:9.2f} s"))
-    rows.append(("math sandbox (math-verify, mixed forms)", f"{sandbox:9.1f} verif/s"))
-
-    print(f"# bench_verifiers  cpus={os.cpu_count()}  python={sys.version.split()[0]}  quick={args.quick}")
-    print(f"# sql timeout {sql_timeout}s, pool hard deadline {pool_deadline}s")
+    print(f"# bench_verifiers  cpus={os.cpu_count()}  python={sys.version.split()[0]}  quick={args.quick}  "
+          f"load(1 min) {load:.2f} -> {os.getloadavg()[0]:.2f}  sandbox={_have_sandbox()}")
+    print(f"# pool section: sql timeout {sql_timeout}s, pool hard deadline {pool_deadline}s")
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

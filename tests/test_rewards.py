@@ -1,7 +1,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -62,12 +67,19 @@ class TestSql:
         info = {"db_path": "dbs/hr.sqlite", "db_root": str(db.parent.parent)}
         assert compute_score("sql_bird_train", answer(GOLD), GOLD, info)["acc"] == 1.0
 
-    def test_spider_source_uses_bag_semantics_by_default(self, db: Path) -> None:
+    def test_spider_source_uses_spider_semantics_by_default(self, db: Path) -> None:
         info = {"db_path": str(db)}
         pred = answer("SELECT DISTINCT name FROM emp WHERE salary > 100")  # drops the duplicate 'cid'
         assert compute_score("bird", pred, GOLD, info)["acc"] == 1.0  # set semantics
-        assert compute_score("spider", pred, GOLD, info)["reason"] == "mismatch"  # bag semantics
-        assert compute_score("bird", pred, GOLD, {**info, "semantics": "spider"})["acc"] == 0.0
+        # the official Spider default removes DISTINCT from both queries
+        assert compute_score("spider", pred, GOLD, info)["acc"] == 1.0
+        keep = {**info, "semantics": "spider_keep_distinct"}
+        assert compute_score("spider", pred, GOLD, keep)["reason"] == "mismatch"  # bag semantics
+        swapped = answer("SELECT salary, name FROM emp WHERE salary > 100")
+        two_cols = "SELECT name, salary FROM emp WHERE salary > 100"
+        assert compute_score("spider", swapped, two_cols, info)["acc"] == 1.0  # column permutation
+        assert compute_score("bird", swapped, two_cols, info)["reason"] == "mismatch"
+        assert compute_score("bird", pred, GOLD, {**info, "semantics": "spider_keep_distinct"})["acc"] == 0.0
 
     def test_any_of_several_golds(self, db: Path) -> None:
         golds = ["SELECT id FROM emp WHERE salary > 100", GOLD]  # AmbiQT: two interpretations
@@ -99,6 +111,100 @@ class TestSql:
         assert out["reason"] == "db_missing" and out["acc"] == 0.0
 
 
+# Adversarial predictions for the reward path: (name, SQL, expected reason). Each must come
+# back as a failed verification within the deadline + 0.5 s, in bounded memory, with the
+# database unchanged. The two huge-row cases do ~0.5 s of real work before their cap trips;
+# on an oversubscribed machine their deadline can come first ("timeout" is accepted there;
+# tests/verifiers/test_sandbox.py checks those caps with a long deadline).
+HARD_CASES = [
+    # printf whose format is built at run time: 2000 paddings of 99,999 characters each
+    ("printf-runtime-format", "SELECT length(printf(replace(hex(zeroblob(2000)), '00', '%.99999c'), 'x'))", "byte_cap"),
+    ("printf-width-too-big", "SELECT printf('%.*c', 20000000, 'x')", "byte_cap"),
+    # widths from the rows: each call fits the value limit, but they take ~0.1 s each
+    ("printf-width-from-rows", "SELECT length(printf('%' || (a * 1000000) || 'd', 1)) FROM big", "timeout"),
+    # quadratic string functions: one SQLite step of tens of seconds (only the kill stops it)
+    ("instr-quadratic", "SELECT instr(x || 'b', substr(x, 1, 200000) || 'b') "
+                        "FROM (SELECT replace(hex(zeroblob(2000000)), '0', 'a') AS x)", "timeout"),
+    ("replace-quadratic", "SELECT length(replace(x, substr(x, 1, 100000) || 'b', 'c')) "
+                          "FROM (SELECT replace(hex(zeroblob(2000000)), '0', 'a') AS x)", "timeout"),
+    # huge rows: 150 rows of 16 MB (2.4 GB), and one row of 100 x 16 MB
+    ("rows-150x16MB", "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 150) "
+                      "SELECT x, zeroblob(16000000) FROM c", "byte_cap"),
+    ("row-100x16MB", "SELECT " + ", ".join(["zeroblob(16000000)"] * 100), "out_of_memory"),
+    # recursive CTEs: endless, and doubling a string every step
+    ("cte-endless", "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c", "timeout"),
+    ("cte-doubling", "WITH RECURSIVE c(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM c) "
+                     "SELECT max(length(s)) FROM c", "byte_cap"),
+    # writes, in the forms that start like a query too
+    ("delete", "DELETE FROM emp", "write_attempt"),
+    ("cte-delete", "WITH x AS (SELECT 1) DELETE FROM emp", "write_attempt"),
+    ("cte-insert", "WITH x AS (SELECT 1) INSERT INTO big SELECT a + 5000 FROM big", "write_attempt"),
+    ("drop", "DROP TABLE big", "write_attempt"),
+    ("pragma-wal", "PRAGMA journal_mode=WAL", "pragma_refused"),
+    ("vacuum-into", "VACUUM INTO '{dir}/copy.sqlite'", "write_attempt"),
+    ("attach", "ATTACH DATABASE '{dir}/other.sqlite' AS o", "attach_refused"),
+]
+
+_HARD_CASE_RUNNER = r"""
+import hashlib, json, os, sys, threading, time
+from verl_replay.rewards import compute_score
+from verl_replay.verifiers.sandbox import get_sql_sandbox, shutdown_sql_sandbox
+
+db, timeout, cases = sys.argv[1], float(sys.argv[2]), json.loads(sys.argv[3])
+info = {"db_path": db}
+gold = "SELECT name FROM emp WHERE salary > 100"
+assert get_sql_sandbox().wait_ready(60)
+assert compute_score("bird", gold, gold, info)["acc"] == 1.0  # warm: the gold result is cached
+out = []
+for name, sql, expected in cases:
+    sql = sql.replace("{dir}", os.path.dirname(db))
+    start = time.monotonic()
+    score = compute_score("bird", "```sql\n" + sql + "\n```", gold, info, sql_timeout_s=timeout)
+    out.append({"name": name, "expected": expected, "elapsed": time.monotonic() - start, **score})
+stats = get_sql_sandbox().stats()  # peak_rss_kb: the largest VmHWM of any sandbox worker
+shutdown_sql_sandbox()
+me = str(os.getpid())
+children = [p for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == me]
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec (this process would inherit the
+# peak of the pytest process that started it)
+hwm = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1])
+print(json.dumps({
+    "cases": out,
+    "stats": stats,
+    "self_peak_kb": hwm,
+    "children_left": children,
+    "threads": threading.active_count(),
+}))
+"""
+
+
+def test_hard_limits_through_compute_score(db: Path) -> None:
+    """Issue 12, must show: every adversarial prediction is a failed verification within the
+    deadline + 0.5 s and under 1 GiB (the scoring process and every sandbox worker), the
+    database is byte-identical, and no process or thread is left behind. Runs in a fresh
+    interpreter so that its peak memory is this test's."""
+    timeout = 1.0
+    digest = hashlib.sha256(db.read_bytes()).hexdigest()
+    listing = sorted(os.listdir(db.parent))
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_HARD_CASE_RUNNER), str(db), str(timeout), json.dumps(HARD_CASES)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    heavy = {"rows-150x16MB", "row-100x16MB"}
+    for case in report["cases"]:
+        accepted = {case["expected"], "timeout"} if case["name"] in heavy else {case["expected"]}
+        assert (case["acc"], case["score"]) == (0.0, 0.0) and case["reason"] in accepted, case
+        assert case["elapsed"] <= timeout + 0.5, case
+    assert report["stats"]["kills"] >= 2  # at least the two quadratic string functions
+    gib_kb = 1024 * 1024
+    assert 0 < report["self_peak_kb"] < gib_kb and 0 < report["stats"]["peak_rss_kb"] < gib_kb, report
+    assert report["children_left"] == [] and report["threads"] == 1
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
+    assert sorted(os.listdir(db.parent)) == listing  # no copy, attached file, journal or WAL
+
+
 class TestMath:
     @pytest.mark.parametrize(
         ("solution", "gold", "acc"),
@@ -127,6 +233,20 @@ class TestMath:
         out = compute_score("math_dapo", r"\boxed{10^{10^{10}}}", "1", math_timeout_s=1.0)
         assert out == {"score": 0.0, "acc": 0.0, "reason": "timeout"}
         assert time.monotonic() - start < 1.0 + 1.0
+
+
+def test_math_reward_is_bounded_on_degenerate_responses() -> None:
+    """A response stuck in a loop (thousands of unclosed boxes or delimiters) is scored in
+    linear time in the calling thread; before, 28 KB of '\\boxed{' took 15 s there."""
+    for text in ("\\boxed{" * 20000, "\\( x " * 20000, "$$ 1 " * 20000 + "$"):
+        start = time.monotonic()
+        out = compute_score("math_dapo", text, "2", math_timeout_s=1.0)
+        assert out["acc"] == 0.0
+        assert time.monotonic() - start < 1.0 + 0.5
+    huge = "9" * 5000  # more digits than int() converts: math-verify decides, not an internal error
+    assert compute_score("math_dapo", "\\boxed{" + huge + "}", huge)["acc"] == 1.0
+    assert compute_score("math_dapo", "\\boxed{" + huge + "}", huge[:-1] + "8", math_timeout_s=2.0)["reason"] in (
+        "mismatch", "timeout")
 
 
 def test_threads_mixing_sql_and_math(db: Path) -> None:

@@ -9,10 +9,16 @@ Point verl at this module::
 reward metrics. ``acc`` is always pure answer correctness (the bit the replay buffers store,
 SPEC 1 / 2.1), ``score`` may add a ``format_bonus``.
 
-Thread safety: Ray reward workers call this from threads. SQL runs in the calling thread
-with its deadline enforced inside SQLite (nothing is left running after a timeout); math
-uses ``verify_math``, whose guarded path runs in a sandbox process pool, never relying on
-signals in the calling thread. This module imports no verl/ray/torch.
+Hard limits and thread safety: verl's reward loop calls this from executor threads. Each
+SQL query runs in the process sandbox (:mod:`verl_replay.verifiers.sandbox`): a persistent
+worker per concurrent caller, killed at the query's deadline + 0.25 s if one SQLite step runs
+long, with its memory capped; the calling thread only waits on a socket, so no thread or
+process is left running after a timeout. An SQL call therefore returns within
+``sql_timeout_s + 0.5`` s per query it runs (the predicted query, plus each gold query the
+first time it is seen). Math uses ``verify_math``: answer extraction is linear in the
+response length, and the guarded path runs in a sandbox process pool with a kill at
+``math_timeout_s + 0.5`` s, never relying on signals in the calling thread. This module
+imports no verl/ray/torch.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ def _result(correct: bool, well_formed: bool, reason: str, format_bonus: float) 
 
 
 def _sql_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None,
-               format_bonus: float, timeout_s: float) -> dict[str, Any]:
+               format_bonus: float, timeout_s: float, isolation: str) -> dict[str, Any]:
     from verl_replay.verifiers.sql import verify_sql
 
     info = dict(extra_info or {})
@@ -81,7 +87,9 @@ def _sql_score(data_source: str, solution_str: str, ground_truth: Any, extra_inf
             golds.append(extra_gold)
     reasons = ["gold_error"]
     for gold in golds:  # correct if it matches any gold interpretation
-        outcome = verify_sql(db_path, predicted, str(gold), semantics=semantics, timeout_s=timeout_s)
+        outcome = verify_sql(
+            db_path, predicted, str(gold), semantics=semantics, timeout_s=timeout_s, isolation=isolation  # type: ignore[arg-type]
+        )
         if outcome.correct:
             return _result(True, True, outcome.reason, format_bonus)
         reasons.append(outcome.reason)
@@ -120,15 +128,18 @@ def compute_score(
     is extracted from ``solution_str`` and executed against ``extra_info["db_path"]``;
     ``ground_truth`` is the gold SQL (or a list: correct if any matches; golds in
     ``extra_info["gold_sqls"]`` count too); semantics from
-    ``extra_info["semantics"]`` (default ``"spider"`` for spider, else ``"bird"``).
+    ``extra_info["semantics"]`` (``bird``, ``spider`` or ``spider_keep_distinct``; default
+    ``"spider"`` for spider, else ``"bird"``; see :func:`~verl_replay.verifiers.verify_sql`).
     Math sources (gsm8k, MATH, AIME, AMC, Minerva, OlympiadBench, ...): ``verify_math``.
     Any other name is dispatched by the row's ``extra_info``: ``db_path`` -> SQL,
     ``benchmark`` -> math (``verl_replay.data`` writes math training rows as ``"train"``).
 
     Keyword options: ``format_bonus`` (default 0.0) is the score of a well-formed but wrong
     answer (an SQL query that ran, a math answer that parsed); ``sql_timeout_s`` (5.0) and
-    ``math_timeout_s`` (5.0). Unknown sources raise ``ValueError`` (a configuration error,
-    not a model error); so does an SQL row without ``extra_info["db_path"]``.
+    ``math_timeout_s`` (5.0); ``sql_isolation`` (``"process"``, the sandbox with its hard
+    kill; ``"inline"`` runs SQL in the calling thread with SQLite's limits only). Unknown
+    sources raise ``ValueError`` (a configuration error, not a model error); so does an SQL
+    row without ``extra_info["db_path"]``.
     """
     format_bonus = float(kwargs.get("format_bonus", 0.0))
     info = extra_info if isinstance(extra_info, dict) else {}
@@ -138,7 +149,8 @@ def compute_score(
     sql = is_sql_source(data_source) or (not is_math_source(data_source) and "db_path" in info)
     if sql:
         timeout_s = float(kwargs.get("sql_timeout_s", 5.0))
-        return _sql_score(data_source, solution_str, ground_truth, extra_info, format_bonus, timeout_s)
+        isolation = str(kwargs.get("sql_isolation", "process"))
+        return _sql_score(data_source, solution_str, ground_truth, extra_info, format_bonus, timeout_s, isolation)
     if is_math_source(data_source) or "benchmark" in info:
         timeout_s = float(kwargs.get("math_timeout_s", 5.0))
         return _math_score(solution_str, ground_truth, format_bonus, timeout_s)

@@ -115,11 +115,14 @@ def q(qid: str, target: int) -> Question:
     return Question(id=qid, prompt=f"Write an expression equal to {target}.", ground_truth=target, metadata={"t": target})
 
 
-def cand(question: Question, text: str, requested: str | None = None, parent=None, **meta) -> Candidate:
-    return Candidate(question_id=question.id, text=text, requested_approach=requested, parent=parent, metadata=meta)
+def cand(question: Question, text: str, requested: str | None = None, parent=None, finish_reason=None, **meta) -> Candidate:
+    return Candidate(
+        question_id=question.id, text=text, requested_approach=requested, parent=parent, metadata=meta,
+        finish_reason=finish_reason,
+    )
 
 
-OUTCOMES = ("parse_failures", "verification_failures", "not_added", "new", "improved")
+OUTCOMES = ("truncated", "parse_failures", "verification_failures", "not_added", "new", "improved")
 
 
 def assert_denominators(counts: dict) -> None:
@@ -162,6 +165,32 @@ def test_unverified_never_enters_even_if_caller_claims_correct():
     assert "13 != 12" in res.reason
     assert len(arch) == 0 and arch.elites() == []
     assert arch.counts()["totals"]["verification_failures"] == 1
+
+
+def test_cut_off_generations_are_never_verified_or_inserted():
+    calls = []
+
+    def counting_verifier(question: Question, text: str) -> Verdict:
+        calls.append(text)
+        return verify(question, text)
+
+    arch = make_archive(verifier=counting_verifier)
+    q12 = q("a", 12)
+    # "3*4" is correct -- but cut off by the length limit it may be the prefix of "3*4+1"
+    for reason in ("length", "abort"):
+        res = arch.insert(q12, cand(q12, "3*4", "product", finish_reason=reason))
+        assert (res.status, res.cell, res.inserted) == (InsertStatus.TRUNCATED, None, False)
+        assert repr(reason) in res.reason
+    assert calls == [] and len(arch) == 0
+    assert arch.insert(q12, cand(q12, "3*4", "product", finish_reason="stop")).status is InsertStatus.NEW
+    assert arch.insert(q12, cand(q12, "4*3", "product")).status is InsertStatus.NOT_ADDED  # None: unknown, allowed
+    assert calls == ["3*4", "4*3"]
+    counts = arch.counts()
+    assert counts["totals"]["truncated"] == 2 and counts["totals"]["attempts"] == 4
+    assert counts["per_approach"]["product"]["truncated"] == 2  # counts towards choose_target's attempts
+    assert_denominators(counts)
+    with pytest.raises(TypeError, match="finish_reason"):
+        cand(q12, "1", finish_reason=1)
 
 
 def test_new_shorter_replaces_ties_keep_incumbent():
@@ -282,7 +311,7 @@ _expr = st.recursive(
 @settings(max_examples=60, deadline=None)
 @given(
     attempts=st.lists(
-        st.tuples(st.integers(0, 2), _expr, st.sampled_from([None, *VOCAB])),
+        st.tuples(st.integers(0, 2), _expr, st.sampled_from([None, *VOCAB]), st.sampled_from([None, "stop", "length"])),
         min_size=1,
         max_size=40,
     )
@@ -291,10 +320,14 @@ def test_archive_matches_reference_model_and_denominators_add_up(attempts):
     questions = [q("a", 6), q("b", 4), q("c", 0)]
     arch = make_archive(seed=3)
     reference: dict[tuple[str, CellKey], tuple[int, str]] = {}
-    for i, (qi, text, requested) in enumerate(attempts):
+    for i, (qi, text, requested, finish_reason) in enumerate(attempts):
         question = questions[qi]
-        res = arch.insert(question, cand(question, text, requested), round=i)
-        # independent reference: first verified-and-placed solution per cell, replaced only if shorter
+        res = arch.insert(question, cand(question, text, requested, finish_reason=finish_reason), round=i)
+        # independent reference: first finished, verified and placed solution per cell, replaced
+        # only if shorter
+        if finish_reason == "length":
+            assert res.status is InsertStatus.TRUNCATED
+            continue
         if not verify(question, text).correct:
             assert res.status is InsertStatus.REJECTED
             continue
@@ -494,6 +527,9 @@ def test_state_dict_resume_is_identical():
         make_archive(approaches=["sum", "product"]).load_state_dict(state)
     with pytest.raises(ValueError, match="not an EliteArchive state"):
         make_archive().load_state_dict({"format": "other"})
+    old_version = {**state, "version": 1}  # before cut-off generations were refused
+    with pytest.raises(ValueError, match="length limit"):
+        make_archive().load_state_dict(old_version)
     bad = json.loads(json.dumps(state))
     bad["elites"].append(bad["elites"][0])
     keep = arch.state_dict()

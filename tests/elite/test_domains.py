@@ -97,6 +97,21 @@ def test_sql_question_from_a_real_row(sql, sql_rows) -> None:
     assert q.ground_truth == ORDER_LIMIT
 
 
+def test_sql_semantics_of_a_row(sql, sql_rows) -> None:
+    import copy
+
+    from verl_replay.elite.domains import DataError
+
+    row = copy.deepcopy(sql_rows[0])
+    row["extra_info"]["semantics"] = "spider_keep_distinct"
+    assert sql.question_from_row(row, 0).metadata["semantics"] == "spider_keep_distinct"
+    row["extra_info"]["semantics"] = "exact"
+    with pytest.raises(DataError, match="spider_keep_distinct"):
+        sql.question_from_row(row, 0)
+    # search pools start each worker's SQL sandbox before the worker takes tasks
+    assert "verl_replay.verifiers.sql" in sql.preload
+
+
 def test_sql_correct_solutions_verify_and_are_described(sql, sql_rows) -> None:
     q = sql.question_from_row(sql_rows[0], 0)
     cells = {}

@@ -96,7 +96,8 @@ def test_search_writes_a_verified_archive(full_run, tiny_assets, backend) -> Non
     attempts = LIMIT * (SEEDS + MUTATIONS)
     assert summary.counts["attempts"] == attempts
     assert summary.seed_counts["attempts"] == LIMIT * SEEDS
-    assert summary.verification == {"pooled": attempts, "inline": 0}
+    # (cut-off generations are refused unverified)
+    assert summary.verification == {"pooled": attempts - summary.counts["truncated"], "inline": 0}
     assert summary.coverage["questions"] == LIMIT
     assert summary.coverage["questions_covered"] >= 1 and summary.coverage["cells"] >= 1
     assert summary.insert_rate == summary.counts["insertions"] / attempts > 0
@@ -142,7 +143,8 @@ def test_manifest_records_provenance_config_and_denominators(full_run, tiny_asse
     totals = manifest["counts"]["totals"]
     assert totals == summary.counts
     assert totals["attempts"] == (
-        totals["parse_failures"] + totals["verification_failures"] + totals["not_added"] + totals["new"] + totals["improved"]
+        totals["truncated"] + totals["parse_failures"] + totals["verification_failures"] + totals["not_added"]
+        + totals["new"] + totals["improved"]
     )
     assert manifest["coverage"]["cells"] == manifest["num_entries"] == summary.coverage["cells"]
     # mutations: each question asked for MUTATIONS distinct approaches (2 per round, top-ranked)
@@ -156,6 +158,28 @@ def test_manifest_records_provenance_config_and_denominators(full_run, tiny_asse
         if entry.requested_approach is None:
             assert entry.insertion_round == 0 and entry.parent is None
             assert entry.generation_metadata["kind"] == "seed"
+
+
+def test_generations_cut_off_by_the_length_limit_never_enter_the_archive(tiny_assets, backend, tmp_path) -> None:
+    """SPEC 2.1: with a token limit that cuts off a good part of the tiny model's answers, the
+    cut-off generations are counted as ``truncated`` -- their own failure kind, in every
+    denominator -- and none becomes an elite (an unclosed ```sql block would still verify)."""
+    config = make_config(tiny_assets, tmp_path / "short.parquet", limit=4, seeds_per_question=8,
+                         mutations_per_question=0, rounds=1, max_new_tokens=24, verify_workers=1)
+    summary = run_search(config, backend=backend)
+    totals = summary.counts
+    assert 0 < totals["truncated"] < totals["attempts"] == 4 * 8
+    assert totals["attempts"] == (
+        totals["truncated"] + totals["parse_failures"] + totals["verification_failures"] + totals["not_added"]
+        + totals["new"] + totals["improved"]
+    )
+    assert summary.verification["pooled"] == totals["attempts"] - totals["truncated"]  # never verified
+    manifest = json.loads(manifest_path(config.out).read_text())
+    per_question = manifest["counts"]["per_question"]
+    assert sum(c["truncated"] for c in per_question.values()) == totals["truncated"]
+    assert manifest["counts"]["per_approach"][SEED_KEY]["truncated"] == totals["truncated"]
+    for entry in load_frozen_archive(config.out, allow_empty=True):
+        assert entry.generation_metadata["finish_reason"] == "stop"
 
 
 def test_corrupted_archive_is_refused(full_run, tmp_path) -> None:

@@ -13,6 +13,7 @@ import verifier_tasks as tasks
 from verifier_fixtures import fingerprint
 
 from verl_replay.verifiers.pool import TaskFailure, VerifierPool
+from verl_replay.verifiers.sandbox import warm_sql_sandbox
 from verl_replay.verifiers.sql import SQLVerification, sql_failure, verify_sql
 
 
@@ -96,7 +97,8 @@ def test_sql_through_pool_adversarial_within_deadline(db: Path) -> None:
 
 def test_pool_hard_deadline_returns_typed_failure(db: Path) -> None:
     verify = functools.partial(verify_sql, timeout_s=30.0)  # SQLite deadline far away
-    with VerifierPool(num_workers=1, task_timeout_s=0.5, on_failure=sql_failure) as pool:
+    # the initializer starts each worker's nested SQL sandbox outside the 0.5 s task deadline
+    with VerifierPool(num_workers=1, task_timeout_s=0.5, on_failure=sql_failure, initializer=warm_sql_sandbox) as pool:
         assert pool.wait_ready(10.0)
         start = time.monotonic()
         [hung] = pool.map(verify, [(str(db), "SELECT count(*) FROM t a, t b, t c, t d", "SELECT 1")])
@@ -232,3 +234,19 @@ def test_supervisor_failure_resolves_every_future_and_closes_the_pool() -> None:
         pool.submit(tasks.scenario, "ok", 2)
     pool.close()
     assert_processes_gone(pool.started_pids)
+
+
+def test_preloading_the_sql_module_starts_each_workers_sandbox(db: Path) -> None:
+    """A pool that preloads verl_replay.verifiers.sql starts its workers' SQL sandboxes before
+    they report ready, so no task deadline pays for their start-up."""
+    verify = functools.partial(verify_sql, timeout_s=5.0)
+    with VerifierPool(num_workers=1, task_timeout_s=10, preload=("verl_replay.verifiers.sql",),
+                      on_failure=sql_failure) as pool:
+        assert pool.wait_ready(30.0)
+        [worker] = pool.worker_pids()
+        sandbox_workers = tasks.children_of(worker)
+        assert len(sandbox_workers) == 2  # min_workers, started and ready before any task
+        [result] = pool.map(verify, [(str(db), "SELECT 1", "SELECT 1")])
+        assert result.correct and result.elapsed_s < 1.0
+        assert tasks.children_of(worker) == sandbox_workers  # the same, reused
+    assert_processes_gone(sandbox_workers)  # they die with their pool worker

@@ -22,9 +22,10 @@ from verl_replay.verifiers.sql import (
 
 GOLD = "SELECT name FROM emp WHERE salary > 100"
 TIMEOUT = 1.5
-# Allowed overshoot of the in-SQLite deadline: 10% (the measured overshoot is ~1 ms; the
-# margin absorbs scheduling delays when the 2 cores are oversubscribed).
-BOUND = TIMEOUT * 1.1
+# The contract (issue 12): a verification returns within its deadline + 0.5 s whatever the
+# query does. SQLite's own deadline usually fires within milliseconds; the sandbox kills a
+# worker stuck in one long step at deadline + KILL_GRACE_S (0.25 s).
+BOUND = TIMEOUT + 0.5
 
 # (predicted SQL with {dir} = the database's folder, expected reason)
 ADVERSARIAL = [
@@ -98,6 +99,7 @@ def test_adversarial_sql_fails_safely(db: Path, predicted: object, expected: str
 
 def test_row_cap_fails_fast_on_a_million_rows(db: Path) -> None:
     q = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000000) SELECT x FROM c"
+    assert verify_sql(db, GOLD, GOLD).correct  # the sandbox's start-up is not what is measured
     result = verify_sql(db, q, GOLD, timeout_s=10.0)
     assert result.reason == "row_cap"
     assert result.elapsed_s < 1.0  # stops after max_rows + 1 rows, long before the deadline
@@ -179,10 +181,12 @@ class TestInSqliteLayers:
 
 
 class TestSemantics:
-    def test_column_order_matters_in_both(self, db: Path) -> None:
-        for semantics in ("bird", "spider"):
-            result = verify_sql(db, "SELECT y, x FROM s", "SELECT x, y FROM s", semantics=semantics)
-            assert result.reason == "mismatch"
+    def test_column_order_matters_for_bird_not_for_spider(self, db: Path) -> None:
+        assert verify_sql(db, "SELECT y, x FROM s", "SELECT x, y FROM s", semantics="bird").reason == "mismatch"
+        for semantics in ("spider", "spider_keep_distinct"):
+            assert verify_sql(db, "SELECT y, x FROM s", "SELECT x, y FROM s", semantics=semantics).correct
+        # a permutation only helps when the columns really are the same
+        assert verify_sql(db, "SELECT y, x + 1 FROM s", "SELECT x, y FROM s", semantics="spider").reason == "mismatch"
 
     def test_row_order_bird_ignores_it(self, db: Path) -> None:
         gold = "SELECT name FROM emp ORDER BY salary"
@@ -202,7 +206,10 @@ class TestSemantics:
     def test_duplicates_bird_set_vs_spider_bag(self, db: Path) -> None:
         gold, pred = "SELECT x FROM s", "SELECT DISTINCT x FROM s"
         assert verify_sql(db, pred, gold, semantics="bird").correct
-        assert verify_sql(db, pred, gold, semantics="spider").reason == "mismatch"
+        # Spider's default removes DISTINCT before running the queries, so they are the same query
+        assert verify_sql(db, pred, gold, semantics="spider").correct
+        assert verify_sql(db, pred, gold, semantics="spider_keep_distinct").reason == "mismatch"
+        assert verify_sql(db, "SELECT x FROM s WHERE x > 1", gold, semantics="spider").reason == "mismatch"
         # same multiset in a different order: spider (unordered gold) accepts
         assert verify_sql(db, "SELECT x FROM s ORDER BY x DESC", gold, semantics="spider").correct
 
@@ -223,8 +230,12 @@ class TestSemantics:
 
     def test_spider_union_with_order_by(self, db: Path) -> None:
         gold = "SELECT x FROM s WHERE x = 1 UNION SELECT x FROM s WHERE x = 3 ORDER BY x DESC"
-        assert verify_sql(db, "SELECT DISTINCT x FROM s WHERE x <> 2 ORDER BY x DESC", gold, semantics="spider").correct
-        assert verify_sql(db, "SELECT DISTINCT x FROM s WHERE x <> 2 ORDER BY x", gold, semantics="spider").reason == "mismatch"
+        pred = "SELECT DISTINCT x FROM s WHERE x <> 2 ORDER BY x DESC"
+        assert verify_sql(db, pred, gold, semantics="spider_keep_distinct").correct
+        wrong_order = "SELECT DISTINCT x FROM s WHERE x <> 2 ORDER BY x"
+        assert verify_sql(db, wrong_order, gold, semantics="spider_keep_distinct").reason == "mismatch"
+        # without DISTINCT the prediction returns 1, 1, 3, 3: the official default rejects it
+        assert verify_sql(db, pred, gold, semantics="spider").reason == "mismatch"
 
     def test_invalid_semantics_is_a_caller_error(self, db: Path) -> None:
         with pytest.raises(ValueError, match="semantics"):
@@ -343,11 +354,13 @@ def test_concurrent_threads_get_independent_deadlines(db: Path) -> None:
         ("DELETE FROM t", "write_attempt"),
         ("SELECT name FROM emp", "mismatch"),
     ] * 4
-    start = time.monotonic()
     with ThreadPoolExecutor(max_workers=8) as ex:
+        # warm-up: eight concurrent callers make the sandbox start eight workers
+        list(ex.map(lambda _: verify_sql(db, GOLD, GOLD, timeout_s=0.5), range(16)))
+        start = time.monotonic()
         results = list(ex.map(lambda job: verify_sql(db, job[0], GOLD, timeout_s=0.5), jobs))
     assert [r.reason for r in results] == [reason for _, reason in jobs]
-    # 4 timeouts in parallel threads (SQLite releases the GIL while stepping)
+    # 4 timeouts in parallel (each caller has its own sandbox worker)
     assert time.monotonic() - start < 0.5 * 1.1 + 1.0
     assert fingerprint(db) == before
     # no watchdog thread was left behind to enforce any deadline
@@ -359,3 +372,79 @@ def test_execute_readonly_reports_rows(db: Path) -> None:
     assert (result.rows, result.reason) == ([(1, "eng"), (2, "ops")], "ok")
     assert execute_readonly(db, "SELECT", timeout_s=1).rows is None
     assert os.path.exists(db)
+
+
+class TestPrintfGuard:
+    @pytest.mark.parametrize(
+        ("fmt", "args", "expected"),
+        [
+            ("%5d%.3c", (1, "x"), 5 + 3),  # width; %c repeats its character `precision` times
+            ("%-7s|", ("ab",), 7),
+            ("%*d", (-7, 1), 7),  # a negative * width left-justifies
+            ("%.*c", (10, "x"), 10),
+            ("%.100s", ("ab",), 0),  # precision only truncates a string
+            ("%.100g", (1.5,), 0),  # ... and %g drops trailing zeros
+            ("%.100f", (1.5,), 100),
+            ("%%%%", (), 0),
+            ("%4294967301d", (1,), 5),  # SQLite reads widths in 32 bits and masks them
+            ("%*d", (2**32 + 5, 1), 5),  # (int) of the int64 argument
+            ("%*d", ("12abc", 1), 12),  # TEXT: its leading integer
+            ("%*d", (None, 1), 0),
+            ("%*d%*d", (3,), 3),  # missing arguments count as 0
+        ],
+    )
+    def test_min_output(self, fmt: str, args: tuple, expected: int) -> None:
+        guard = sqlmod._Guard(time.monotonic() + 5)
+        assert sqlmod._printf_min_output(fmt, args, guard) == expected
+
+    def test_many_small_paddings_are_refused_at_once(self, db: Path) -> None:
+        # 2000 specifiers of 99,999 each: under any per-specifier limit, 200 MB in total
+        sql = "SELECT length(printf(replace(hex(zeroblob(2000)), '00', '%.99999c'), 'x'))"
+        start = time.monotonic()
+        result = execute_readonly(db, sql, timeout_s=1.0, isolation="inline")
+        assert result.reason == "byte_cap" and "printf output" in result.detail
+        assert time.monotonic() - start < 0.5
+
+    def test_legitimate_wide_padding_still_works(self, db: Path) -> None:
+        assert execute_readonly(db, "SELECT length(printf('%200000d', 1))").rows == [(200000,)]
+        sql = "SELECT format('%5.1f|%-3s|%05d', 2.25, 'a', 42)"
+        assert execute_readonly(db, sql).rows == sqlite3.connect(":memory:").execute(sql).fetchall()  # SQLite's own
+
+
+class TestSqliteLimits:
+    @pytest.mark.parametrize(
+        ("sql", "message"),
+        [
+            ("SELECT " + " + ".join(["1"] * 700), "Expression tree is too large"),
+            (" UNION ALL ".join(["SELECT 1"] * 150), "too many terms in compound SELECT"),
+            ("SELECT 'a' LIKE '" + "%" * 20000 + "'", "pattern too complex"),
+            ("SELECT " + ", ".join(["1"] * 1200), "too many columns"),
+        ],
+        ids=["expr-depth", "compound", "like-pattern", "columns"],
+    )
+    def test_limits_fail_the_query(self, db: Path, sql: str, message: str) -> None:
+        for isolation in ("inline", "process"):
+            result = execute_readonly(db, sql, isolation=isolation)  # type: ignore[arg-type]
+            assert (result.rows, result.reason) == (None, "exec_error")
+            assert message in result.detail
+
+    def test_a_table_wider_than_the_column_limit_is_a_db_error(self, tmp_path: Path) -> None:
+        path = tmp_path / "wide.sqlite"
+        conn = sqlite3.connect(path)
+        conn.execute("CREATE TABLE w (" + ", ".join(f"c{i}" for i in range(sqlmod.MAX_COLUMNS + 1)) + ")")
+        conn.close()
+        result = verify_sql(path, "SELECT c0 FROM w", "SELECT count(*) FROM w")
+        assert result.reason == "db_error" and "MAX_COLUMNS" in result.detail
+
+    def test_rows_are_counted_as_they_are_produced(self, db: Path) -> None:
+        sql = "SELECT zeroblob(1000000) FROM t"  # 2000 rows of 1 MB
+        for isolation in ("inline", "process"):
+            result = execute_readonly(db, sql, max_bytes=3_500_000, isolation=isolation)  # type: ignore[arg-type]
+            assert result.reason == "byte_cap"
+            assert "at row 4" in result.detail  # three rows fit; the fourth trips the cap
+
+    def test_invalid_isolation(self, db: Path) -> None:
+        with pytest.raises(ValueError, match="isolation"):
+            verify_sql(db, "SELECT 1", "SELECT 1", isolation="thread")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="isolation"):
+            execute_readonly(db, "SELECT 1", isolation="thread")  # type: ignore[arg-type]

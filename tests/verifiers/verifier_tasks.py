@@ -44,3 +44,17 @@ def alarm_blocked_math_task(predicted: str, gold: str, timeout_s: float):  # typ
         return _sandbox_task(predicted, gold, timeout_s)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc)."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        kids.append(int(entry))
+            except OSError:
+                pass
+    return sorted(kids)

@@ -5,8 +5,12 @@ the solution *as achieved* (computed by the injected ``describer``; the approach
 was asked for is only recorded). :meth:`EliteArchive.insert` calls the injected ``verifier``
 itself; a caller's "correct" flag (e.g. in candidate metadata) is never looked at.
 
-Insertion order of checks (documented choice): **verify first, then describe**.
+Insertion order of checks (documented choice): **complete, then verify, then describe**.
 
+0. the generation did not finish (``candidate.finish_reason`` is set and is not ``"stop"``:
+   ``"length"`` -- cut off by the token limit --, ``"abort"``, ...) => ``TRUNCATED``, without
+   calling the verifier: a cut-off answer can still verify (an unclosed ```sql block is
+   extracted), and replaying it would teach the policy to stop mid-answer (SPEC 2.1);
 1. ``verifier(question, text)`` -> ``.correct is False``  => ``REJECTED`` (verification failure);
 2. ``describer(question, text)`` raises ``ValueError``, returns ``None``, or returns an approach
    outside the vocabulary => ``PARSE_FAILED`` (parse failure);
@@ -21,7 +25,7 @@ consequence an *approach miss* (a requested approach that differs from the achie
 only known, and only counted, for verified and parsed candidates.
 
 Every attempt lands in exactly one outcome, so for every counter scope
-``attempts == parse_failures + verification_failures + not_added + new + improved`` and
+``attempts == truncated + parse_failures + verification_failures + not_added + new + improved`` and
 ``insertions == new + improved``. Counters are kept in total, per question, per requested
 approach (seeds, which request no approach, under :data:`SEED_KEY`) and per
 (question, requested approach); the latter drives :meth:`EliteArchive.choose_target`.
@@ -68,7 +72,8 @@ __all__ = [
 SEED_KEY = "<seed>"
 
 _STATE_FORMAT = "verl_replay.EliteArchive"
-_STATE_VERSION = 1
+# 2: counters gained ``truncated`` (version-1 states may hold elites of cut-off generations).
+_STATE_VERSION = 2
 
 
 class CellKey(NamedTuple):
@@ -137,7 +142,9 @@ class Candidate:
     ``requested_approach`` is the target the generator was asked for (``None`` for seed
     samples); ``parent`` is the cell of the elite the mutation started from (``None`` if
     none); ``metadata`` is free-form generation metadata (sampling params, round, ...). Any
-    correctness claim in it is ignored: the archive verifies.
+    correctness claim in it is ignored: the archive verifies. ``finish_reason`` is the
+    generator's (``"stop"``: it ended the answer itself; ``"length"``: cut off by the token
+    limit; ``None``: unknown); anything but ``None``/``"stop"`` is never inserted.
     """
 
     question_id: str
@@ -145,10 +152,18 @@ class Candidate:
     requested_approach: str | None = None
     parent: CellKey | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    finish_reason: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
             raise TypeError(f"Candidate.text must be a str, got {type(self.text).__name__}")
+        if self.finish_reason is not None and not isinstance(self.finish_reason, str):
+            raise TypeError(f"Candidate.finish_reason must be a str or None, got {type(self.finish_reason).__name__}")
+
+    @property
+    def truncated(self) -> bool:
+        """The generation did not end by itself (cut off by its length limit, aborted, ...)."""
+        return self.finish_reason is not None and self.finish_reason != "stop"
         object.__setattr__(self, "parent", _as_cell(self.parent))
         object.__setattr__(self, "metadata", dict(self.metadata))
 
@@ -211,6 +226,7 @@ class Elite:
 
 
 class InsertStatus(str, enum.Enum):
+    TRUNCATED = "truncated"  # the generation did not finish (never verified, never inserted)
     REJECTED = "rejected"  # the verifier said the solution is wrong
     PARSE_FAILED = "parse_failed"  # verified, but the describer could not place it in a cell
     NOT_ADDED = "not_added"  # verified and placed, but the incumbent is shorter or equally long
@@ -221,7 +237,7 @@ class InsertStatus(str, enum.Enum):
 @dataclass(frozen=True)
 class InsertResult:
     status: InsertStatus
-    cell: CellKey | None  # achieved cell; None when rejected or not parsed
+    cell: CellKey | None  # achieved cell; None when truncated, rejected or not parsed
     reason: str  # verifier reason, parse error, or why it was not added
     num_tokens: int | None = None
     approach_miss: bool = False
@@ -231,7 +247,10 @@ class InsertResult:
         return self.status in (InsertStatus.NEW, InsertStatus.IMPROVED)
 
 
-_COUNT_FIELDS = ("attempts", "parse_failures", "verification_failures", "approach_misses", "not_added", "new", "improved")
+_COUNT_FIELDS = (
+    "attempts", "truncated", "parse_failures", "verification_failures", "approach_misses", "not_added", "new",
+    "improved",
+)
 
 
 @dataclass
@@ -239,6 +258,7 @@ class Counts:
     """Outcome counters of one scope (total, a question, an approach, ...)."""
 
     attempts: int = 0
+    truncated: int = 0
     parse_failures: int = 0
     verification_failures: int = 0
     approach_misses: int = 0
@@ -253,7 +273,9 @@ class Counts:
     def record(self, status: InsertStatus, approach_miss: bool) -> None:
         self.attempts += 1
         self.approach_misses += int(approach_miss)
-        if status is InsertStatus.REJECTED:
+        if status is InsertStatus.TRUNCATED:
+            self.truncated += 1
+        elif status is InsertStatus.REJECTED:
             self.verification_failures += 1
         elif status is InsertStatus.PARSE_FAILED:
             self.parse_failures += 1
@@ -413,6 +435,12 @@ class EliteArchive:
 
     def _evaluate(self, question: Question, candidate: Candidate) -> InsertResult:
         text = candidate.text
+        if candidate.truncated:
+            return InsertResult(
+                InsertStatus.TRUNCATED, None,
+                f"the generation did not finish (finish_reason={candidate.finish_reason!r}); a cut-off answer is never "
+                "inserted",
+            )
         verdict = self._verifier(question, text)
         correct = getattr(verdict, "correct", None)
         if not isinstance(correct, (bool, np.bool_)):
@@ -542,7 +570,7 @@ class EliteArchive:
     def counts(self) -> dict[str, Any]:
         """JSON-ready counters: ``totals``, ``per_question``, ``per_approach`` (by requested
         approach, seeds under :data:`SEED_KEY`) and ``per_question_approach``. In every scope
-        ``attempts == parse_failures + verification_failures + not_added + new + improved``.
+        ``attempts == truncated + parse_failures + verification_failures + not_added + new + improved``.
         """
         return {
             "totals": self._totals.as_dict(),
@@ -585,6 +613,11 @@ class EliteArchive:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` into this archive (same vocabulary required)."""
+        if state.get("format") == _STATE_FORMAT and state.get("version") == 1:
+            raise ValueError(
+                "the state was saved by an older version of the archive, which did not refuse generations cut off "
+                "by their length limit (its elites may include them); start the search over (--overwrite)"
+            )
         if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
             raise ValueError(
                 f"not an EliteArchive state (format {state.get('format')!r} version {state.get('version')!r}; "

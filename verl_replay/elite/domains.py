@@ -47,8 +47,9 @@ from verl_replay.elite.archive import Question
 from verl_replay.elite.archive_io import hf_tokenizer_fingerprint, tokenizer_fingerprint  # noqa: F401  (re-exported)
 from verl_replay.sql.vocabulary import Vocabulary, VocabularyError
 from verl_replay.verifiers.extract import extract_math_answer, extract_sql, strip_think
+from verl_replay.verifiers.compare import SEMANTICS
 from verl_replay.verifiers.math import MathVerification, verify_math
-from verl_replay.verifiers.sql import SQLVerification, sql_failure, verify_sql
+from verl_replay.verifiers.sql import KILL_GRACE_S, SQLVerification, sql_failure, verify_sql
 
 __all__ = [
     "DOMAINS",
@@ -216,8 +217,10 @@ class Domain(abc.ABC):
         """Verdict of a verification the pool could not complete (crash, hang)."""
 
     def hard_timeout_s(self, question: Question) -> float:
-        """The pool's kill deadline for one task of ``question`` (its verifier deadlines + grace)."""
-        return self.verify_timeout_s * 2 * max(1, len(self._golds(question))) + _POOL_GRACE_S
+        """The pool's kill deadline for one task of ``question``: a backstop behind the SQL
+        sandbox, which ends each of the task's queries (the prediction and the gold, per gold)
+        by its deadline + KILL_GRACE_S."""
+        return (self.verify_timeout_s + KILL_GRACE_S) * 2 * max(1, len(self._golds(question))) + _POOL_GRACE_S
 
     def verify(self, question: Question, text: str) -> Any:
         """Verify in this process (no isolation): tests and ``--verify-workers 0``."""
@@ -291,6 +294,8 @@ class SQLDomain(Domain):
     name = "sql"
     solution_noun = "SQLite query"
     format_instruction = "Answer with one SQLite query in a ```sql code block."
+    # (preloading verl_replay.verifiers.sql makes each pool worker start its SQL sandbox -- the
+    # hard per-query kill -- before it takes tasks)
     preload = ("sqlite3", "verl_replay.verifiers.sql", "verl_replay.elite.domains")
 
     def question_from_row(self, row: Mapping[str, Any], index: int) -> Question:
@@ -302,8 +307,8 @@ class SQLDomain(Domain):
             raise DataError(f"row {index}: database file {db_path} (extra_info.db_path) does not exist")
         data_source = str(row.get("data_source") or "")
         semantics = info.get("semantics") or ("spider" if data_source.lower() == "spider" else "bird")
-        if semantics not in ("bird", "spider"):
-            raise DataError(f"row {index}: extra_info.semantics must be 'bird' or 'spider', got {semantics!r}")
+        if semantics not in SEMANTICS:
+            raise DataError(f"row {index}: extra_info.semantics must be one of {list(SEMANTICS)}, got {semantics!r}")
         golds: list[str] = []
         for gold in _as_list(_required(row, index, "reward_model", "ground_truth")) + _as_list(info.get("gold_sqls")):
             if str(gold) not in golds:

@@ -17,7 +17,9 @@ Rounds (all batched across questions, in dataset order):
   counts only move when candidates are inserted. Each target gets a parent from
   ``choose_parent`` and a prompt from :func:`build_mutation_prompt`.
 
-Every candidate goes through ``EliteArchive.insert``, which verifies and describes it itself;
+Every candidate goes through ``EliteArchive.insert``, which refuses generations that did not
+finish (the backend's ``finish_reason``, e.g. ``"length"``: counted as ``truncated``, never
+verified), then verifies and describes it itself;
 the verifier it calls is a :class:`~verl_replay.elite.domains.PooledVerifier` whose results
 were prefetched in a :class:`~verl_replay.verifiers.VerifierPool` while the next batch was
 being generated. Generation seeds are derived from ``(--seed, round, batch index)`` and the
@@ -440,12 +442,13 @@ class _Run:
                             "generated_tokens": gen.num_tokens}
                     candidates.append((request.question, Candidate(
                         question_id=request.question.id, text=gen.text, requested_approach=request.requested,
-                        parent=request.parent, metadata=meta,
+                        parent=request.parent, metadata=meta, finish_reason=gen.finish_reason,
                     )))
             self.generated += len(candidates)
             # verification of this batch runs in the pool while the previous one is inserted
             # and the next one generated
-            self.verifier.prefetch([(q, c.text) for q, c in candidates])
+            # (cut-off generations are refused by the archive unverified: nothing to prefetch)
+            self.verifier.prefetch([(q, c.text) for q, c in candidates if not c.truncated])
             if pending is not None:
                 self.insert(pending, round_index, bar)
             pending = candidates
@@ -453,7 +456,7 @@ class _Run:
             self.insert(pending, round_index, bar)
 
     def insert(self, candidates: list[tuple[Question, Candidate]], round_index: int, bar: Any) -> None:
-        verified = [c.text for q, c in candidates if self.verifier.verdict(q, c.text).correct]
+        verified = [c.text for q, c in candidates if not c.truncated and self.verifier.verdict(q, c.text).correct]
         self.describer.prefetch(verified)  # one batched labeler call (matters for --labeler llm)
         for question, candidate in candidates:
             self.archive.insert(question, candidate, round=round_index)

@@ -107,14 +107,17 @@ def _normalise(answer: str) -> str:
 
 def _literal(text: str) -> tuple[Fraction, bool] | None:
     """(value, is_integer_literal) for a plain numeric literal, else None."""
-    if _INT_RE.fullmatch(text):
-        return Fraction(int(text)), True
-    if _DECIMAL_RE.fullmatch(text):
-        return Fraction(text), False
-    match = _SLASH_RE.fullmatch(text) or _FRAC_RE.fullmatch(text)
-    if match and int(match.group(3)) != 0:
-        value = Fraction(int(match.group(2)), int(match.group(3)))
-        return (-value if match.group(1) == "-" else value), False
+    try:
+        if _INT_RE.fullmatch(text):
+            return Fraction(int(text)), True
+        if _DECIMAL_RE.fullmatch(text):
+            return Fraction(text), False
+        match = _SLASH_RE.fullmatch(text) or _FRAC_RE.fullmatch(text)
+        if match and int(match.group(3)) != 0:
+            value = Fraction(int(match.group(2)), int(match.group(3)))
+            return (-value if match.group(1) == "-" else value), False
+    except ValueError:
+        return None  # more digits than int() converts (sys.get_int_max_str_digits): math-verify decides
     return None
 
 
@@ -279,10 +282,13 @@ def verify_math(
 ) -> MathVerification:
     """Is the final answer of ``response`` equal to ``ground_truth``? Never raises for bad input.
 
-    Safe from any thread and inside worker processes; returns within about
-    ``timeout_s + HARD_KILL_GRACE_S`` once a sandbox worker is available (the first call in a
-    process waits for sandbox start-up, a few seconds). ``fast_path=False`` forces
-    math-verify for every pair (for testing/benchmarking the guarded path).
+    Safe from any thread and inside worker processes. Bounded whatever the response is:
+    answer extraction is linear in its length; the fast path is exact arithmetic on plain
+    literals; the guarded path returns within ``timeout_s + HARD_KILL_GRACE_S`` once a sandbox
+    worker is free (its worker is killed then), and the wait for a free worker (all busy, or
+    the sandbox starting: sympy's import, a few seconds) is itself capped at
+    ``_QUEUE_ALLOWANCE_S`` (a ``timeout`` after that). ``fast_path=False`` forces math-verify
+    for every pair (for testing/benchmarking the guarded path).
     """
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")

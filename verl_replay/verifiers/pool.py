@@ -57,6 +57,8 @@ _IN_WORKER = False
 
 # Consecutive workers that die before reporting ready before the pool gives up on them.
 _MAX_START_FAILURES = 5
+# Preloading this module means the tasks verify SQL (see _worker_main).
+_SQL_MODULE = "verl_replay.verifiers.sql"
 
 
 # Pools not closed by their owner are closed at interpreter exit (the supervisor thread keeps
@@ -149,6 +151,12 @@ def _worker_main(
 
     for module in preload:  # imports happen before "ready", outside any task deadline
         importlib.import_module(module)
+    if _SQL_MODULE in preload:
+        # SQL tasks run each query in this worker's SQL sandbox: start it now too, so no task
+        # deadline pays for its processes' start-up (a fresh worker's first task would)
+        from verl_replay.verifiers.sandbox import warm_sql_sandbox
+
+        warm_sql_sandbox()
     if initializer is not None:
         initializer()
     conn.send(("ready", os.getpid()))
@@ -211,7 +219,8 @@ class VerifierPool:
     (bounds memory growth from caches/leaks; ``None`` = never).
 
     ``preload`` modules are imported and ``initializer()`` (a picklable top-level callable)
-    runs in each worker before it takes tasks, outside any task deadline.
+    runs in each worker before it takes tasks, outside any task deadline. Preloading
+    ``verl_replay.verifiers.sql`` also starts the worker's SQL sandbox then.
     ``memory_limit_mb`` sets RLIMIT_AS in each worker so runaway allocations raise
     ``MemoryError`` there instead of exhausting the host. A queued task whose future the
     caller cancels is skipped.

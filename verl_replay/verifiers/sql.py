@@ -1,8 +1,10 @@
 """Execution-based text-to-SQL verification against a SQLite database (SPEC 2.4).
 
 ``verify_sql`` runs the gold query and the (untrusted) predicted query against the question's
-database and compares their results. It never raises for bad predicted SQL: every failure is
-a :class:`SQLVerification` with ``correct=False`` and a short machine-friendly ``reason``.
+database and compares their results with the official BIRD or Spider semantics
+(:mod:`verl_replay.verifiers.compare`). It never raises for bad predicted SQL: every failure
+is a :class:`SQLVerification` with ``correct=False`` and a short machine-friendly ``reason``.
+``docs/verifiers.md`` describes the whole design; the essentials:
 
 Read-only strategy (defence in depth; each layer alone blocks writes):
 
@@ -23,26 +25,25 @@ Read-only strategy (defence in depth; each layer alone blocks writes):
 4. ``SQLITE_LIMIT_ATTACHED=0``, extension loading disabled, ``trusted_schema=OFF``.
 5. A cheap first-keyword check refuses obvious non-queries before SQLite sees them.
 
-Resource limits: the deadline is enforced *inside* SQLite by a progress handler that
-interrupts the running statement (no Python thread is left running a query); rows are
-fetched with ``fetchmany`` and the result is capped in rows (``row_cap``) and in estimated
-bytes (``byte_cap``). The progress handler only runs *between* VM instructions, so the cost
-of a single instruction must be bounded too: ``SQLITE_LIMIT_LENGTH`` caps every string/blob
-at :data:`MAX_VALUE_BYTES` (``zeroblob(1e9)`` fails at once), and ``printf``/``format`` --
-whose padding SQLite 3.40 builds one character at a time even past that limit
-(``printf('%.*c', 1e9, 'x')`` spends ~12 s in one instruction) -- are replaced by a wrapper
-that refuses widths/precisions above :data:`MAX_PRINTF_WIDTH` and otherwise delegates to
-SQLite's own printf. Anything still able to stall a single instruction is what
-:class:`~verl_replay.verifiers.pool.VerifierPool`'s hard per-task deadline is for.
+Hard limits (every verification returns within its deadline + :data:`KILL_GRACE_S` and in
+bounded memory, whatever the query does):
 
-Comparison semantics (rows are tuples, so **column order always matters** in both modes):
-
-- ``"bird"``: set equality, exactly BIRD's official ``set(predicted) == set(gold)``:
-  duplicates and row order are ignored.
-- ``"spider"``: bag (multiset) equality; order-sensitive iff the gold query has a top-level
-  ORDER BY (found with sqlglot's AST, not a regex). Unlike Spider's test-suite evaluator we
-  do not search over column permutations: the model's SELECT list order is part of its
-  answer.
+- The deadline is enforced *inside* SQLite by a progress handler that interrupts the running
+  statement every :data:`_PROGRESS_OPS` VM instructions.
+- Per-connection SQLite limits bound what one instruction can build: value length
+  (:data:`MAX_VALUE_BYTES`), result/table columns (:data:`MAX_COLUMNS`), expression depth,
+  compound SELECT terms, LIKE pattern length, SQL length, no attached databases, no sorter
+  threads. ``printf``/``format`` are wrapped: a format whose widths and precisions add up to
+  more than the value-length limit is refused before SQLite spends one character on it (its
+  output could not be returned anyway).
+- Rows are produced one at a time and counted in rows (``max_rows``) and estimated bytes
+  (``max_bytes``) *as they are produced*, so a result never grows past one row over its cap.
+- What SQLite cannot interrupt -- one long VM instruction (``instr``/``replace`` on
+  multi-MB strings are quadratic; a sort happens in one instruction) -- is stopped by the
+  process sandbox (:mod:`verl_replay.verifiers.sandbox`): with ``isolation="process"`` (the
+  default of :func:`verify_sql`) each query runs in a persistent worker process that is
+  killed at its deadline + :data:`KILL_GRACE_S` and replaced; the worker also caps its
+  address space and SQLite's heap.
 
 Value normalisation is what the official scripts do implicitly and nothing more: Python
 equality on the values SQLite returns, so ``1 == 1.0`` (INTEGER vs REAL) match, ``'1'`` vs
@@ -54,6 +55,7 @@ compared exactly (no rounding). Text that is not valid UTF-8 is decoded with
 from __future__ import annotations
 
 import collections
+import math
 import os
 import re
 import sqlite3
@@ -64,7 +66,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
+from verl_replay.verifiers.compare import SEMANTICS, CompareTimeout, normalize_for_semantics, results_match
+
 __all__ = [
+    "KILL_GRACE_S",
     "REASONS",
     "QueryResult",
     "SQLVerification",
@@ -76,7 +81,8 @@ __all__ = [
     "verify_sql",
 ]
 
-Semantics = Literal["bird", "spider"]
+Semantics = Literal["bird", "spider", "spider_keep_distinct"]
+Isolation = Literal["process", "inline"]
 
 #: Every reason code ``verify_sql`` can return, with its meaning.
 REASONS: dict[str, str] = {
@@ -94,31 +100,41 @@ REASONS: dict[str, str] = {
     "extension_refused": "load_extension() or another extension hook",
     "pragma_refused": "a PRAGMA other than read-only schema introspection",
     "syntax_error": "SQLite could not parse the query",
-    "exec_error": "the query failed at prepare/run time (no such table/column, ...)",
-    "timeout": "the deadline passed; SQLite interrupted the statement",
+    "exec_error": "the query failed at prepare/run time (no such table/column, a SQLite limit, ...)",
+    "timeout": "the deadline passed: SQLite interrupted the statement, or the sandbox killed its worker",
     "row_cap": "the result has more than max_rows rows",
     "byte_cap": "the result (or one value) is larger than max_bytes",
-    "out_of_memory": "SQLite or Python ran out of memory",
+    "out_of_memory": "SQLite or Python ran out of memory (the sandbox caps both)",
     "db_missing": "the database file does not exist",
-    "db_error": "the database could not be opened/read (corrupt, not a database, locked)",
+    "db_error": "the database could not be opened/read (corrupt, not a database, locked, too wide)",
     "gold_error": "the gold query failed; the sample cannot be judged (not the model's fault)",
     "internal_error": "an unexpected error in the verifier itself",
-    "worker_crashed": "the worker process running the verification died (pool only)",
-    "worker_timeout": "the worker exceeded the pool's hard deadline and was killed (pool only)",
+    "worker_crashed": "the process running the query died (sandbox or pool)",
+    "worker_timeout": "the worker exceeded the pool's hard deadline and was killed (VerifierPool only)",
 }
 
 MAX_SQL_CHARS = 100_000
 #: Largest single string/blob value a query may build or return (SQLITE_LIMIT_LENGTH).
 MAX_VALUE_BYTES = 16 * 1024 * 1024
-#: Largest width/precision accepted in printf()/format() (see module docstring).
-MAX_PRINTF_WIDTH = 100_000
+#: Most columns of a table or a result (SQLITE_LIMIT_COLUMN). A database with a wider table
+#: cannot be read at all (``db_error``); BIRD and Spider tables have well under 200.
+MAX_COLUMNS = 1000
+#: Deepest expression tree (SQLITE_LIMIT_EXPR_DEPTH; SQLite's default is 1000).
+MAX_EXPR_DEPTH = 500
+#: Most terms of one compound SELECT (SQLITE_LIMIT_COMPOUND_SELECT; default 500).
+MAX_COMPOUND_SELECT = 100
+#: Longest LIKE/GLOB pattern (SQLITE_LIMIT_LIKE_PATTERN_LENGTH; default 50000).
+MAX_LIKE_PATTERN = 10_000
+#: Seconds past its deadline after which the sandbox kills a query's worker process.
+KILL_GRACE_S = 0.25
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-_FETCH_CHUNK = 1024
 # Progress-handler period in SQLite VM instructions. Small on purpose: instructions are not
 # equally cheap -- with multi-MB values (hex/replace of an 8 MB blob per row) 1000
 # instructions take ~1 s, so a period of 1000 overshot a 1 s deadline by 0.8 s, while 100
 # keeps it within ~10 ms. Cost: ~10% on a pure VM-bound scan, nothing on typical queries.
 _PROGRESS_OPS = 100
+# Rows between two deadline checks in Python while rows are fetched.
+_DEADLINE_ROWS = 256
 
 # First keyword -> reason for statements that can never be a verifiable query.
 _REFUSED_KEYWORDS: dict[str, str] = {
@@ -218,21 +234,32 @@ def _check_sql_text(sql: Any) -> tuple[str | None, str, str]:
 
 
 class _Guard:
-    """Per-connection state shared with the authorizer and the progress handler."""
+    """Per-connection state shared with the authorizer, the progress handler and printf."""
 
-    __slots__ = ("deadline", "note", "reason", "timed_out")
+    __slots__ = ("deadline", "length_limit", "note", "reason", "timed_out")
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
+        self.length_limit = MAX_VALUE_BYTES
         self.timed_out = False
         self.reason: str | None = None
         self.note = ""
 
-    def progress(self) -> int:
+    def reset(self, deadline: float) -> None:
+        """Start a new statement on a reused connection."""
+        self.deadline = deadline
+        self.timed_out = False
+        self.reason = None
+        self.note = ""
+
+    def expired(self) -> bool:
         if time.monotonic() > self.deadline:
             self.timed_out = True
-            return 1  # non-zero: SQLite interrupts the running statement
-        return 0
+            return True
+        return False
+
+    def progress(self) -> int:
+        return 1 if self.expired() else 0  # non-zero: SQLite interrupts the running statement
 
     def authorize(self, action: int, arg1: str | None, arg2: str | None, _db: str | None, _src: str | None) -> int:
         if action in _ALLOWED_ACTIONS:
@@ -256,39 +283,74 @@ class _Guard:
         return sqlite3.SQLITE_DENY
 
 
+# %[flags][width][.precision][l|ll]conversion, as SQLite's printf reads it.
 _PRINTF_SPEC_RE = re.compile(r"%([-+ 0#,!]*)(\*|\d+)?(?:\.(\*|\d+)?)?(?:ll|l)?(.)", re.DOTALL)
+# Conversions whose output is at least `precision` characters long (%c repeats its character,
+# integer conversions zero-pad, %f/%e print that many decimals); for the others (%s, %q, %g,
+# ...) the precision only truncates.
+_PRECISION_SIZED = frozenset("cdiuxXofeE")
+_INT_PREFIX_RE = re.compile(r"\s*([+-]?)(\d+)")
+_INT64_MAX = 2**63 - 1
+_INT32_MAX = 2**31 - 1
+# Format specifiers between two deadline checks while a printf format is sized.
+_PRINTF_CHECK_EVERY = 4096
 _printf_local = threading.local()
 
 
-def _numeric(value: Any) -> float:
-    try:
-        return abs(float(value))
-    except (TypeError, ValueError):
-        return 0.0  # SQLite reads non-numeric text as 0
+def _sqlite_int64(value: Any) -> int:
+    """``sqlite3_value_int64`` of a printf argument (TEXT: its leading integer, like SQLite)."""
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, float):
+        number = 0 if math.isnan(value) else int(max(-9.3e18, min(9.3e18, value)))
+    elif isinstance(value, (str, bytes)):
+        text = value.decode("latin-1") if isinstance(value, bytes) else value
+        match = _INT_PREFIX_RE.match(text)
+        number = 0 if match is None else int(match.group(1) + match.group(2))
+    else:
+        number = 0
+    return max(-_INT64_MAX - 1, min(_INT64_MAX, number))
 
 
-def _printf_is_bounded(fmt: Any, args: tuple[Any, ...]) -> bool:
-    """False if any width/precision (literal or ``*`` argument) exceeds MAX_PRINTF_WIDTH."""
-    if not isinstance(fmt, str):
-        return True  # SQLite renders a non-text format as text; no padding possible
+def _c_int(value: int) -> int:
+    """C's ``(int)`` of an int64: the low 32 bits, two's complement."""
+    low = value & 0xFFFFFFFF
+    return low - 2**32 if low > _INT32_MAX else low
+
+
+def _printf_min_output(fmt: str, args: tuple[Any, ...], guard: _Guard) -> int:
+    """A lower bound of the length of ``printf(fmt, *args)``: the sum over its conversions of
+    their width and (where it sizes the output) precision, read the way SQLite reads them."""
+    total = 0
     next_arg = 0
-    for match in _PRINTF_SPEC_RE.finditer(fmt):
-        _flags, width, precision, conversion = match.groups()
+    for count, match in enumerate(_PRINTF_SPEC_RE.finditer(fmt)):
+        if count % _PRINTF_CHECK_EVERY == _PRINTF_CHECK_EVERY - 1 and guard.expired():
+            raise TimeoutError("the deadline passed while sizing a printf format")
+        _flags, width_text, precision_text, conversion = match.groups()
         if conversion == "%":
             continue
-        for part in (width, precision):
-            if part == "*":
-                size = _numeric(args[next_arg]) if next_arg < len(args) else 0.0
-                next_arg += 1
-            else:
-                size = float(part) if part else 0.0
-            if not size <= MAX_PRINTF_WIDTH:  # also catches inf
-                return False
+        width = precision = 0
+        if width_text == "*":
+            star = _c_int(_sqlite_int64(args[next_arg]) if next_arg < len(args) else 0)
+            next_arg += 1
+            width = -star if -_INT32_MAX <= star < 0 else max(star, 0)
+        elif width_text:
+            width = int(width_text) & 0x7FFFFFFF  # SQLite accumulates in 32 bits and masks
+        if precision_text == "*":
+            star = _c_int(_sqlite_int64(args[next_arg]) if next_arg < len(args) else 0)
+            next_arg += 1
+            precision = -star if -_INT32_MAX <= star < 0 else max(star, 0)
+        elif precision_text:
+            precision = int(precision_text) & 0x7FFFFFFF
         next_arg += 1
-    return True
+        total += max(width, precision if conversion in _PRECISION_SIZED else 0)
+        if total > guard.length_limit:
+            break
+    return total
 
 
 def _builtin_printf(args: tuple[Any, ...]) -> Any:
+    """SQLite's own printf, run on a private in-memory connection (no user tables)."""
     conn = getattr(_printf_local, "conn", None)
     if conn is None:
         conn = sqlite3.connect(":memory:", check_same_thread=False)
@@ -306,34 +368,67 @@ def _decode_text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-def _open_readonly(db_path: str, guard: _Guard, max_bytes: int) -> sqlite3.Connection:
-    uri = Path(db_path).resolve().as_uri() + "?mode=ro"
-    busy_s = max(0.0, guard.deadline - time.monotonic())
-    conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=busy_s, cached_statements=0)
-    try:
-        conn.execute("PRAGMA query_only=ON")
-        conn.execute("PRAGMA trusted_schema=OFF")
-        if hasattr(conn, "enable_load_extension"):
-            conn.enable_load_extension(False)
-        if hasattr(conn, "setlimit"):
-            conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(1024, min(max_bytes, MAX_VALUE_BYTES)))
-            conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, 4 * MAX_SQL_CHARS)
-        if hasattr(conn, "setconfig"):  # Python >= 3.12
-            conn.setconfig(sqlite3.SQLITE_DBCONFIG_DEFENSIVE, True)
-        conn.text_factory = _decode_text
+def _value_limit(max_bytes: int) -> int:
+    return max(1024, min(max_bytes, MAX_VALUE_BYTES))
 
-        def guarded_printf(*args: Any) -> Any:
-            if args and not _printf_is_bounded(args[0], args[1:]):
+
+def _set_value_limit(conn: sqlite3.Connection, guard: _Guard, max_bytes: int) -> None:
+    guard.length_limit = _value_limit(max_bytes)
+    if hasattr(conn, "setlimit"):
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, guard.length_limit)
+
+
+def _harden(conn: sqlite3.Connection, guard: _Guard) -> None:
+    """Install every read-only layer and limit on a freshly opened connection."""
+    conn.execute("PRAGMA query_only=ON")
+    conn.execute("PRAGMA trusted_schema=OFF")
+    if hasattr(conn, "enable_load_extension"):
+        conn.enable_load_extension(False)
+    if hasattr(conn, "setlimit"):  # Python >= 3.11
+        for limit, value in (
+            (sqlite3.SQLITE_LIMIT_ATTACHED, 0),
+            (sqlite3.SQLITE_LIMIT_SQL_LENGTH, 4 * MAX_SQL_CHARS),
+            (sqlite3.SQLITE_LIMIT_COLUMN, MAX_COLUMNS),
+            (sqlite3.SQLITE_LIMIT_EXPR_DEPTH, MAX_EXPR_DEPTH),
+            (sqlite3.SQLITE_LIMIT_COMPOUND_SELECT, MAX_COMPOUND_SELECT),
+            (sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_LIKE_PATTERN),
+            (sqlite3.SQLITE_LIMIT_WORKER_THREADS, 0),  # sorts stay on this thread, interruptible
+        ):
+            conn.setlimit(limit, value)
+    if hasattr(conn, "setconfig"):  # Python >= 3.12
+        conn.setconfig(sqlite3.SQLITE_DBCONFIG_DEFENSIVE, True)
+    conn.text_factory = _decode_text
+
+    def guarded_printf(*args: Any) -> Any:
+        # One call can take ~0.1 s (a 16 MB padding), and the progress handler may see only
+        # one tick per ten calls: check the deadline here too.
+        if guard.expired():
+            raise TimeoutError("the deadline passed")
+        if args and isinstance(args[0], str):
+            size = _printf_min_output(args[0], args[1:], guard)
+            if size > guard.length_limit:
                 guard.reason = "byte_cap"
-                guard.note = f"printf width/precision above {MAX_PRINTF_WIDTH}"
-                raise ValueError(f"printf width/precision above {MAX_PRINTF_WIDTH}")
-            return _builtin_printf(args)
+                guard.note = f"printf output of at least {size} characters (limit {guard.length_limit})"
+                raise ValueError(guard.note)
+        return _builtin_printf(args)
 
-        for name in ("printf", "format"):
-            conn.create_function(name, -1, guarded_printf, deterministic=True)
-        conn.set_authorizer(guard.authorize)
-        conn.set_progress_handler(guard.progress, _PROGRESS_OPS)
+    for name in ("printf", "format"):
+        conn.create_function(name, -1, guarded_printf, deterministic=True)
+    conn.set_authorizer(guard.authorize)
+    conn.set_progress_handler(guard.progress, _PROGRESS_OPS)
+
+
+def _connect_readonly(db_path: str, busy_s: float) -> sqlite3.Connection:
+    uri = Path(db_path).resolve().as_uri() + "?mode=ro"
+    return sqlite3.connect(uri, uri=True, isolation_level=None, timeout=max(0.0, busy_s), cached_statements=0)
+
+
+def _open_readonly(db_path: str, guard: _Guard, max_bytes: int) -> sqlite3.Connection:
+    """A hardened read-only connection whose limits follow ``guard`` and ``max_bytes``."""
+    conn = _connect_readonly(db_path, guard.deadline - time.monotonic())
+    try:
+        _harden(conn, guard)
+        _set_value_limit(conn, guard, max_bytes)
     except BaseException:
         conn.close()
         raise
@@ -353,9 +448,11 @@ def _classify(exc: BaseException, guard: _Guard) -> tuple[str, str]:
     if "one statement at a time" in message:
         return "multiple_statements", message
     if isinstance(exc, MemoryError) or "out of memory" in message:
-        return "out_of_memory", message
+        return "out_of_memory", message or "out of memory"
     if "too big" in message:
         return "byte_cap", message
+    if "too many columns on" in message:
+        return "db_error", f"{message} (a table is wider than MAX_COLUMNS={MAX_COLUMNS})"
     if "readonly" in message or "read-only" in message:
         return "write_attempt", message
     if "not authorized" in message:
@@ -369,6 +466,128 @@ def _classify(exc: BaseException, guard: _Guard) -> tuple[str, str]:
     return "exec_error", message
 
 
+def _fetch(
+    conn: sqlite3.Connection, guard: _Guard, text: str, timeout_s: float, max_rows: int, max_bytes: int
+) -> tuple[list[tuple[Any, ...]] | None, str, str]:
+    """Run ``text`` on a hardened connection; (rows or None, reason, detail).
+
+    Rows are taken one at a time and counted as they come, so a result is abandoned at the
+    first row past ``max_rows`` or ``max_bytes`` -- never a batch of rows later.
+    """
+    cursor = None
+    try:
+        cursor = conn.execute(text)
+        rows: list[tuple[Any, ...]] = []
+        append = rows.append
+        size = count = 0
+        for row in cursor:
+            count += 1
+            # _value_size of every value, inlined: this loop runs once per result row
+            size += 16 + 8 * len(row)
+            for value in row:
+                if value.__class__ is str or value.__class__ is bytes:
+                    size += len(value) - 8
+            if size > max_bytes:
+                return None, "byte_cap", f"result larger than {max_bytes} bytes (at row {count})"
+            append(row)
+            if count > max_rows:
+                return None, "row_cap", f"more than {max_rows} rows"
+            if count % _DEADLINE_ROWS == 0 and guard.expired():  # time spent in Python between steps
+                return None, "timeout", f"exceeded {timeout_s:g}s while fetching"
+        return rows, "ok", ""
+    except (sqlite3.Error, sqlite3.Warning, MemoryError) as exc:
+        reason, detail = _classify(exc, guard)
+        return None, reason, detail
+    except Exception as exc:  # noqa: BLE001 - the contract is "never raises for bad SQL"
+        return None, "internal_error", f"{type(exc).__name__}: {exc}"
+    finally:
+        if cursor is not None:
+            try:
+                cursor.close()  # resets the statement, so a reused connection holds no read lock
+            except sqlite3.Error:
+                pass
+
+
+def _execute_inline(db_path: str, text: str, timeout_s: float, max_rows: int, max_bytes: int) -> QueryResult:
+    start = time.monotonic()
+    guard = _Guard(start + timeout_s)
+    try:
+        conn = _open_readonly(db_path, guard, max_bytes)
+    except sqlite3.Error as exc:
+        return QueryResult(None, "db_error", f"cannot open {db_path}: {exc}", time.monotonic() - start)
+    try:
+        rows, reason, detail = _fetch(conn, guard, text, timeout_s, max_rows, max_bytes)
+    finally:
+        conn.close()
+    return QueryResult(rows, reason, detail, time.monotonic() - start)
+
+
+class _CachedExecutor:
+    """Runs queries on hardened connections kept open per database file (sandbox workers).
+
+    Opening a connection and loading its schema costs more than a typical BIRD query, so a
+    worker keeps the last few open. The key is the file's identity and version (device,
+    inode, mtime, size): a database rebuilt in place gets a fresh connection. Not
+    thread-safe: one worker runs one query at a time.
+    """
+
+    def __init__(self, max_connections: int = 8) -> None:
+        self.max_connections = max_connections
+        self._conns: collections.OrderedDict[tuple[Any, ...], tuple[sqlite3.Connection, _Guard]] = (
+            collections.OrderedDict()
+        )
+
+    def _connection(self, path: str, st: os.stat_result, timeout_s: float) -> tuple[sqlite3.Connection, _Guard]:
+        key = (path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        entry = self._conns.get(key)
+        if entry is not None:
+            self._conns.move_to_end(key)
+            return entry
+        guard = _Guard(time.monotonic() + timeout_s)
+        conn = _connect_readonly(path, timeout_s)
+        try:
+            _harden(conn, guard)
+        except BaseException:
+            conn.close()
+            raise
+        self._conns[key] = (conn, guard)
+        while len(self._conns) > self.max_connections:
+            _, (old, _) = self._conns.popitem(last=False)
+            old.close()
+        return conn, guard
+
+    def _drop(self, conn: sqlite3.Connection) -> None:
+        for key, (held, _) in list(self._conns.items()):
+            if held is conn:
+                del self._conns[key]
+        conn.close()
+
+    def execute(self, db_path: str, sql: str, timeout_s: float, max_rows: int, max_bytes: int) -> QueryResult:
+        start = time.monotonic()
+        text, reason, detail = _check_sql_text(sql)
+        if text is None:
+            return QueryResult(None, reason, detail, time.monotonic() - start)
+        try:
+            st = os.stat(db_path)
+        except OSError:
+            return QueryResult(None, "db_missing", f"no database file at {db_path}", time.monotonic() - start)
+        try:
+            conn, guard = self._connection(db_path, st, timeout_s)
+        except sqlite3.Error as exc:
+            return QueryResult(None, "db_error", f"cannot open {db_path}: {exc}", time.monotonic() - start)
+        guard.reset(start + timeout_s)
+        _set_value_limit(conn, guard, max_bytes)
+        rows, reason, detail = _fetch(conn, guard, text, timeout_s, max_rows, max_bytes)
+        if reason in ("db_error", "out_of_memory", "internal_error"):
+            self._drop(conn)  # never reuse a connection in an unknown state
+        return QueryResult(rows, reason, detail, time.monotonic() - start)
+
+    def close(self) -> None:
+        while self._conns:
+            _, (conn, _) = self._conns.popitem()
+            conn.close()
+
+
 def execute_readonly(
     db_path: str | os.PathLike[str],
     sql: str,
@@ -376,48 +595,28 @@ def execute_readonly(
     timeout_s: float = 5.0,
     max_rows: int = 100_000,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    isolation: Isolation = "inline",
 ) -> QueryResult:
-    """Run one untrusted query read-only under a deadline and caps; never raises for bad SQL."""
+    """Run one untrusted query read-only under a deadline and caps; never raises for bad SQL.
+
+    ``isolation="inline"`` (default) runs it in this thread: SQLite's own deadline and limits
+    only, so one long VM instruction can overrun ``timeout_s``. ``isolation="process"`` runs
+    it in the process sandbox, which kills the worker at ``timeout_s + KILL_GRACE_S``.
+    """
+    if isolation not in ("inline", "process"):
+        raise ValueError(f"isolation must be 'process' or 'inline', got {isolation!r}")
     start = time.monotonic()
-
-    def done(rows: list[tuple[Any, ...]] | None, reason: str, detail: str = "") -> QueryResult:
-        return QueryResult(rows, reason, detail, time.monotonic() - start)
-
     text, reason, detail = _check_sql_text(sql)
     if text is None:
-        return done(None, reason, detail)
+        return QueryResult(None, reason, detail, time.monotonic() - start)
     path = os.fspath(db_path)
     if not os.path.isfile(path):
-        return done(None, "db_missing", f"no database file at {path}")
-    guard = _Guard(start + timeout_s)
-    try:
-        conn = _open_readonly(path, guard, max_bytes)
-    except sqlite3.Error as exc:
-        return done(None, "db_error", f"cannot open {path}: {exc}")
-    try:
-        cursor = conn.execute(text)
-        rows: list[tuple[Any, ...]] = []
-        size = 0
-        while True:
-            # Ask for at most one row past the cap: that row proves the cap is exceeded.
-            chunk = cursor.fetchmany(min(_FETCH_CHUNK, max_rows + 1 - len(rows)))
-            if not chunk:
-                return done(rows, "ok")
-            rows.extend(chunk)
-            if len(rows) > max_rows:
-                return done(None, "row_cap", f"more than {max_rows} rows")
-            size += sum(16 + sum(map(_value_size, row)) for row in chunk)
-            if size > max_bytes:
-                return done(None, "byte_cap", f"result larger than {max_bytes} bytes")
-            if time.monotonic() > guard.deadline:  # time spent in Python between steps
-                return done(None, "timeout", f"exceeded {timeout_s:g}s while fetching")
-    except (sqlite3.Error, sqlite3.Warning, MemoryError) as exc:
-        reason, detail = _classify(exc, guard)
-        return done(None, reason, detail)
-    except Exception as exc:  # noqa: BLE001 - the contract is "never raises for bad SQL"
-        return done(None, "internal_error", f"{type(exc).__name__}: {exc}")
-    finally:
-        conn.close()
+        return QueryResult(None, "db_missing", f"no database file at {path}", time.monotonic() - start)
+    if isolation == "process":
+        from verl_replay.verifiers.sandbox import get_sql_sandbox
+
+        return get_sql_sandbox().execute(path, text, timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes)
+    return _execute_inline(path, text, timeout_s, max_rows, max_bytes)
 
 
 # ----------------------------------------------------------------------------- ordering
@@ -534,16 +733,18 @@ def gold_cache_info() -> dict[str, int]:
 
 
 def _gold_rows(
-    db_path: str, gold_sql: str, timeout_s: float, max_rows: int, max_bytes: int
+    db_path: str, gold_sql: str, timeout_s: float, max_rows: int, max_bytes: int, isolation: Isolation
 ) -> QueryResult:
-    # The key includes the file's identity and version: a database rebuilt in place (new
-    # mtime or size) is a new key, never a stale hit.
-    stat = os.stat(db_path)
-    key = (os.path.realpath(db_path), stat.st_mtime_ns, stat.st_size, gold_sql, max_rows, max_bytes)
+    # The key includes the file's identity and version (device, inode, mtime, size): a
+    # database rebuilt in place is a new key, never a stale hit.
+    st = os.stat(db_path)
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, gold_sql, max_rows, max_bytes)
     rows = _GOLD_CACHE.get(key)
     if rows is not None:
         return QueryResult(rows, "ok", "cached")
-    result = execute_readonly(db_path, gold_sql, timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes)
+    result = execute_readonly(
+        db_path, gold_sql, timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes, isolation=isolation
+    )
     if result.rows is not None:
         # Only successes are cached: a gold timeout may be load-dependent.
         _GOLD_CACHE.put(key, result.rows)
@@ -553,12 +754,10 @@ def _gold_rows(
 # ----------------------------------------------------------------------------- verify
 
 
-def _results_match(pred: list[tuple[Any, ...]], gold: list[tuple[Any, ...]], semantics: str, ordered: bool) -> bool:
+def _comparison_mode(semantics: str, ordered: bool) -> str:
     if semantics == "bird":
-        return set(pred) == set(gold)
-    if ordered:
-        return pred == gold
-    return collections.Counter(pred) == collections.Counter(gold)
+        return "set"
+    return ("ordered bag" if ordered else "bag") + " with column permutations"
 
 
 def verify_sql(
@@ -570,22 +769,69 @@ def verify_sql(
     timeout_s: float = 5.0,
     max_rows: int = 100_000,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    isolation: Isolation = "process",
 ) -> SQLVerification:
     """Execute ``predicted_sql`` and ``gold_sql`` on ``db_path`` (read-only) and compare.
 
-    ``timeout_s`` is the deadline of *each* query (the gold result is usually cached, so a
-    call normally costs one predicted execution). Returns ``correct=True`` only with
-    ``reason="ok"``. Raises ``ValueError`` only for invalid arguments (``semantics``,
-    non-positive limits), never for anything the predicted SQL does.
+    ``semantics`` (SPEC 2.4; :mod:`verl_replay.verifiers.compare`):
+
+    - ``"bird"``: the official BIRD evaluator, ``set(predicted) == set(gold)``; column order
+      matters, duplicates and row order do not.
+    - ``"spider"``: the official Spider test-suite evaluator's default
+      (``exec_eval.eval_exec_match``): DISTINCT removed from both queries (also inside
+      ``COUNT(DISTINCT ...)``, as the official token filter does), ``> =``/``< =``/``! =``
+      closed up, ``YEAR(CURDATE())`` -> ``2020``; then bag equality of the rows under some
+      permutation of the predicted columns, order-sensitive iff the gold query orders its
+      result; two empty results always match.
+    - ``"spider_keep_distinct"``: the same, DISTINCT kept (the official ``--keep_distinct``).
+
+    Deliberate deviations from the official scripts (each with its reason):
+
+    1. Writes always fail (``write_attempt``, ``attach_refused``, ``pragma_refused``, ...). The
+       official BIRD script runs the prediction on a writable connection before the gold query,
+       so a ``DELETE`` that empties the table scores as correct whenever the gold result is then
+       empty too; the official Spider script can even commit DDL to the database.
+    2. Spider's order test is a top-level ORDER BY of the gold query (sqlglot AST), not the
+       official substring test ``'order by' in gold.lower()``, which also fires on ORDER BY in
+       a subquery, a window, a string literal or a comment.
+    3. Text is decoded losslessly (UTF-8, undecodable bytes kept with ``surrogateescape``). The
+       official Spider script decodes with ``errors="ignore"`` (two different byte strings can
+       compare equal); the official BIRD script fails on non-UTF-8 text.
+    4. Hard limits: each query has a deadline (``timeout_s``; the official scripts use 30-60 s
+       and cannot stop one long SQLite step), a row cap (``max_rows``), a result-size cap
+       (``max_bytes``) and SQLite value/column/depth limits; a query past any of them is a
+       failed verification, where the official scripts would wait or run out of memory.
+    5. One database: the official Spider test-suite evaluator checks the pair on every
+       ``*.sqlite`` file in the database's folder (the distilled test suites); we check it on
+       ``db_path``. Run it once per test-suite database and require all to pass to reproduce
+       test-suite accuracy.
+    6. A failing gold query is ``gold_error`` (the official Spider script stops with an
+       assertion; BIRD scores the pair as wrong).
+
+    ``timeout_s`` is the deadline of *each* query: the predicted one, and the gold one when its
+    result is not cached yet (gold results are cached per database file, so a call normally
+    costs one predicted execution). With ``isolation="process"`` (default) every query runs in
+    the process sandbox and a verification returns within ``timeout_s + KILL_GRACE_S`` per
+    query it runs, whatever the query does; ``isolation="inline"`` runs the queries in this
+    thread with SQLite's limits only (one long VM instruction can overrun the deadline).
+
+    Returns ``correct=True`` only with ``reason="ok"``. Raises ``ValueError`` only for invalid
+    arguments (``semantics``, ``isolation``, non-positive limits) and
+    :class:`~verl_replay.verifiers.sandbox.SandboxError` when the sandbox cannot start a
+    worker process (an environment problem), never for anything the predicted SQL does.
     """
-    if semantics not in ("bird", "spider"):
-        raise ValueError(f"semantics must be 'bird' or 'spider', got {semantics!r}")
+    if semantics not in SEMANTICS:
+        raise ValueError(f"semantics must be one of {list(SEMANTICS)}, got {semantics!r}")
+    if isolation not in ("process", "inline"):
+        raise ValueError(f"isolation must be 'process' or 'inline', got {isolation!r}")
     if not timeout_s > 0 or max_rows < 0 or max_bytes < 1:
         raise ValueError(f"need timeout_s > 0, max_rows >= 0, max_bytes >= 1 (got {timeout_s}, {max_rows}, {max_bytes})")
     start = time.monotonic()
 
     def result(correct: bool, reason: str, detail: str = "", pred_n: int | None = None, gold_n: int | None = None) -> SQLVerification:
         return SQLVerification(correct, reason, detail, time.monotonic() - start, semantics, pred_n, gold_n)
+
+    from verl_replay.verifiers.sandbox import SandboxError
 
     try:
         path = os.fspath(db_path)
@@ -595,21 +841,34 @@ def verify_sql(
             return result(False, reason, detail)
         if not os.path.isfile(path):
             return result(False, "db_missing", f"no database file at {path}")
-        gold = _gold_rows(path, gold_sql, timeout_s, max_rows, max_bytes)
+        gold_text = normalize_for_semantics(gold_sql, semantics)
+        gold = _gold_rows(path, gold_text, timeout_s, max_rows, max_bytes, isolation)
         if gold.rows is None:
             if gold.reason == "db_error":
                 return result(False, "db_error", gold.detail)
             return result(False, "gold_error", f"gold query failed ({gold.reason}): {gold.detail}")
-        pred = execute_readonly(path, text, timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes)
+        pred_start = time.monotonic()
+        pred = execute_readonly(
+            path, normalize_for_semantics(text, semantics), timeout_s=timeout_s, max_rows=max_rows,
+            max_bytes=max_bytes, isolation=isolation,
+        )
         if pred.rows is None:
             return result(False, pred.reason, pred.detail, gold_n=len(gold.rows))
-        ordered = semantics == "spider" and has_top_level_order_by(gold_sql)
-        if _results_match(pred.rows, gold.rows, semantics, ordered):
+        ordered = semantics != "bird" and has_top_level_order_by(gold_text)
+        try:
+            # The prediction's deadline also bounds the comparison (a column-permutation
+            # search over a wide result is the only part that could take long).
+            match = results_match(pred.rows, gold.rows, semantics, ordered=ordered, deadline=pred_start + timeout_s)
+        except CompareTimeout as exc:
+            return result(False, "timeout", str(exc), len(pred.rows), len(gold.rows))
+        if match:
             return result(True, "ok", "", len(pred.rows), len(gold.rows))
-        mode = "set" if semantics == "bird" else ("ordered bag" if ordered else "bag")
         return result(
-            False, "mismatch", f"{mode} comparison: {len(pred.rows)} vs {len(gold.rows)} gold rows",
+            False, "mismatch",
+            f"{_comparison_mode(semantics, ordered)} comparison: {len(pred.rows)} vs {len(gold.rows)} gold rows",
             len(pred.rows), len(gold.rows),
         )
+    except SandboxError:
+        raise  # the environment cannot run verifications at all: fail loudly, not as a 0 reward
     except Exception as exc:  # noqa: BLE001 - never raise for bad predicted SQL
         return result(False, "internal_error", f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,276 @@
+"""The SQL process sandbox: hard deadlines, bounded memory, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from verifier_fixtures import fingerprint
+
+from verl_replay.verifiers import sandbox as sandbox_mod
+from verl_replay.verifiers.sandbox import SandboxError, SQLSandbox, get_sql_sandbox, shutdown_sql_sandbox
+from verl_replay.verifiers.sql import KILL_GRACE_S, execute_readonly
+
+MB = 1024 * 1024
+TIMEOUT = 0.5
+# Single SQLite steps that ignore the progress handler for tens of seconds (measured in-process
+# on a 1 s deadline: instr 49 s, replace 25 s).
+LONG_STEPS = {
+    "instr": (
+        "SELECT instr(x || 'b', substr(x, 1, 200000) || 'b') "
+        "FROM (SELECT replace(hex(zeroblob(2000000)), '0', 'a') AS x)"
+    ),
+    "replace": (
+        "SELECT length(replace(x, substr(x, 1, 100000) || 'b', 'c')) "
+        "FROM (SELECT replace(hex(zeroblob(2000000)), '0', 'a') AS x)"
+    ),
+}
+ROWS_150_X_16MB = (
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 150) SELECT x, randomblob(16000000) FROM c"
+)
+
+
+def run(sb: SQLSandbox, db: Path, sql: str, timeout_s: float = TIMEOUT, max_bytes: int = 64 * MB):  # type: ignore[no-untyped-def]
+    return sb.execute(str(db), sql, timeout_s=timeout_s, max_rows=100_000, max_bytes=max_bytes)
+
+
+def process_state(pid: int) -> str | None:
+    """'R', 'S', 'Z', ... from /proc, or None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return line.split()[1]
+    except OSError:
+        return None
+    return None
+
+
+def wait_gone(pids: list[int], timeout_s: float = 5.0, allow_zombies: bool = False) -> list[int]:
+    """Pids still present (as zombies too, unless allowed) after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [p for p in pids if process_state(p) not in (None, *(("Z",) if allow_zombies else ()))]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+def own_children() -> set[int]:
+    me = os.getpid()
+    kids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me:
+                kids.add(int(entry))
+    return kids
+
+
+@pytest.fixture
+def sb():  # type: ignore[no-untyped-def]
+    sandbox = SQLSandbox(max_workers=4, min_workers=2)
+    assert sandbox.wait_ready(30)
+    yield sandbox
+    sandbox.close()
+    assert not wait_gone(sandbox.started_pids), "sandbox workers left behind"
+
+
+@pytest.mark.parametrize("name", sorted(LONG_STEPS))
+def test_a_long_sqlite_step_is_killed_at_the_deadline(sb: SQLSandbox, db: Path, name: str) -> None:
+    before = fingerprint(db)
+    # in process, SQLite's own deadline cannot stop it (shown with a short budget)
+    start = time.monotonic()
+    result = run(sb, db, LONG_STEPS[name])
+    elapsed = time.monotonic() - start
+    assert (result.rows, result.reason) == (None, "timeout")
+    assert "killed" in result.detail
+    assert TIMEOUT <= elapsed <= TIMEOUT + KILL_GRACE_S + 0.2, elapsed
+    assert sb.kills == 1
+    assert fingerprint(db) == before
+    # the replacement is started at once: the next query needs no cold start
+    start = time.monotonic()
+    assert run(sb, db, "SELECT count(*) FROM t").rows == [(2000,)]
+    assert time.monotonic() - start < 0.2
+    assert len(sb.worker_pids()) >= 2
+
+
+def test_the_same_step_overruns_without_the_sandbox(db: Path) -> None:
+    """Why the sandbox exists: inline, the deadline only fires after the step ends."""
+    small = (
+        "SELECT instr(x || 'b', substr(x, 1, 20000) || 'b') "
+        "FROM (SELECT replace(hex(zeroblob(200000)), '0', 'a') AS x)"
+    )
+    start = time.monotonic()
+    result = execute_readonly(db, small, timeout_s=0.05, isolation="inline")
+    assert time.monotonic() - start > 4 * 0.05  # several times the deadline
+    assert result.reason in ("timeout", "ok")
+
+
+def test_150_rows_of_16_mb_stop_at_the_first_row_past_the_cap(db: Path) -> None:
+    with SQLSandbox(min_workers=1) as fresh:  # a fresh worker: its peak is this query's
+        assert fresh.wait_ready(30)
+        result = run(fresh, db, ROWS_150_X_16MB, timeout_s=10.0)
+        assert result.reason == "byte_cap"
+        assert "at row 5" in result.detail  # 4 x 16 MB fit in 64 MB; the 5th row trips the cap
+        assert fresh.peak_rss_kb * 1024 < 512 * MB, fresh.peak_rss_kb  # ~130 MB measured; not 150 x 16 MB = 2.4 GB
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT " + ", ".join(["zeroblob(16000000)"] * 100),  # one row of 1.6 GB
+        "SELECT " + ", ".join(["CAST(zeroblob(16000000) AS TEXT)"] * 100),
+    ],
+    ids=["blob-row", "text-row"],
+)
+def test_a_huge_row_fails_within_the_memory_limit(db: Path, sql: str) -> None:
+    with SQLSandbox(min_workers=1, memory_limit_mb=1024) as fresh:
+        assert fresh.wait_ready(30)
+        result = run(fresh, db, sql, timeout_s=10.0)
+        assert result.reason == "out_of_memory", result
+        assert 0 < fresh.peak_rss_kb * 1024 < 1024 * MB
+        assert fresh.recycled == 1  # a worker that ran out of memory is not reused
+        assert run(fresh, db, "SELECT 1").rows == [(1,)]
+
+
+def test_concurrent_callers_run_side_by_side(sb: SQLSandbox, db: Path) -> None:
+    for _ in range(2):  # four callers at once make the sandbox start four workers
+        threads = [threading.Thread(target=run, args=(sb, db, "SELECT 1")) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    results: list[str] = []
+    start = time.monotonic()
+    threads = [
+        threading.Thread(target=lambda: results.append(run(sb, db, LONG_STEPS["instr"]).reason)) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ["timeout"] * 4
+    # one after the other they would need at least 4 x 0.75 s = 3 s
+    assert time.monotonic() - start < 4 * (TIMEOUT + KILL_GRACE_S)
+
+
+def test_nothing_is_left_behind(db: Path) -> None:
+    threads_before = threading.active_count()
+    children_before = own_children()
+    sandbox = SQLSandbox(max_workers=3, min_workers=2)
+    for sql in (LONG_STEPS["instr"], "SELECT 1", LONG_STEPS["replace"], "DELETE FROM t", "SELECT 2"):
+        run(sandbox, db, sql)
+    assert sandbox.kills == 2
+    assert threading.active_count() == threads_before  # the caller waits; no watchdog thread
+    # children: the live workers only -- a killed worker finishes dying on its own (under load
+    # that takes a moment) and the next call reaps it: no zombies accumulate
+    extra = own_children() - children_before - set(sandbox.worker_pids())
+    assert not wait_gone(list(extra), 5.0, allow_zombies=True)
+    run(sandbox, db, "SELECT 3")
+    live = set(sandbox.worker_pids())
+    assert own_children() - children_before == live
+    assert all(process_state(pid) in ("R", "S") for pid in live)
+    sandbox.close()
+    assert not wait_gone(sandbox.started_pids)
+    assert own_children() - children_before == set()
+    assert threading.active_count() == threads_before
+
+
+def test_workers_die_with_their_owner(tmp_path: Path, db: Path) -> None:
+    """SIGKILL the owning process while its worker is inside a long SQLite step: the worker's
+    lifeline closes and it exits at once (no orphan keeps burning CPU)."""
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, threading, time
+        sys.path[:0] = {sys.path!r}
+        from verl_replay.verifiers.sandbox import SQLSandbox
+        sb = SQLSandbox(min_workers=1)
+        assert sb.wait_ready(30)
+        threading.Thread(target=sb.execute, args=({str(db)!r}, {LONG_STEPS["instr"]!r}),
+                         kwargs=dict(timeout_s=600, max_rows=10, max_bytes=10**6), daemon=True).start()
+        time.sleep(0.5)
+        print(" ".join(map(str, sb.worker_pids())), flush=True)
+        time.sleep(600)
+    """))
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in owner.stdout.readline().split()]  # type: ignore[union-attr]
+        assert pids and all(process_state(p) in ("R", "S") for p in pids)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        assert not wait_gone(pids, 3.0, allow_zombies=True), "a worker outlived its owner"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+
+
+def test_a_crashing_worker_is_a_failed_verification(sb: SQLSandbox, db: Path) -> None:
+    timer = threading.Timer(0.3, lambda: [os.kill(pid, signal.SIGKILL) for pid in sb.worker_pids()])
+    timer.start()
+    result = run(sb, db, LONG_STEPS["instr"], timeout_s=5.0)
+    timer.join()
+    assert result.reason == "worker_crashed" and "exit code -9" in result.detail
+    assert run(sb, db, "SELECT 3").rows == [(3,)]  # replaced
+
+
+def test_workers_are_recycled(db: Path) -> None:
+    with SQLSandbox(min_workers=1, max_workers=1, max_tasks_per_worker=3) as sandbox:
+        pids = []
+        for _ in range(7):
+            assert run(sandbox, db, "SELECT 1").rows == [(1,)]
+            pids.append(sandbox.worker_pids()[0])
+        assert sandbox.recycled == 2
+        assert len(set(pids)) == 3
+    assert not wait_gone(sandbox.started_pids)
+
+
+def test_workers_that_cannot_start_raise(monkeypatch: pytest.MonkeyPatch, db: Path) -> None:
+    monkeypatch.setattr(sandbox_mod, "_BOOT", "import sys; sys.exit(3)")
+    with SQLSandbox(min_workers=1) as broken, pytest.raises(SandboxError, match="do not start"):
+        run(broken, db, "SELECT 1")
+    assert not wait_gone(broken.started_pids)
+
+
+def test_closed_sandbox_refuses(db: Path) -> None:
+    sandbox = SQLSandbox(min_workers=0)
+    sandbox.close()
+    with pytest.raises(SandboxError, match="closed"):
+        run(sandbox, db, "SELECT 1")
+
+
+def test_process_wide_sandbox_and_its_configuration(monkeypatch: pytest.MonkeyPatch, db: Path) -> None:
+    shutdown_sql_sandbox()
+    monkeypatch.setenv("VERL_REPLAY_SQL_WORKERS", "3")
+    monkeypatch.setenv("VERL_REPLAY_SQL_MIN_WORKERS", "1")
+    sandbox = get_sql_sandbox()
+    assert (sandbox.max_workers, sandbox.min_workers) == (3, 1)
+    assert get_sql_sandbox() is sandbox
+    assert execute_readonly(db, "SELECT 4", isolation="process").rows == [(4,)]
+    shutdown_sql_sandbox()
+    assert sandbox.closed and not wait_gone(sandbox.started_pids)
+    monkeypatch.setenv("VERL_REPLAY_SQL_WORKERS", "lots")
+    with pytest.raises(ValueError, match="VERL_REPLAY_SQL_WORKERS"):
+        get_sql_sandbox()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"max_workers": 0}, {"min_workers": 5, "max_workers": 2}, {"memory_limit_mb": 10}, {"kill_grace_s": 0},
+     {"max_tasks_per_worker": 0}],
+)
+def test_invalid_arguments(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        SQLSandbox(**kwargs)
