@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_replay._files import default_file_mode
 from verl_replay.elite.archive import SEED_KEY, Candidate, EliteArchive, Question
 from verl_replay.elite.archive_io import manifest_path, save_frozen_archive
 from verl_replay.elite.domains import (
@@ -281,6 +282,7 @@ def load_questions(
 def _atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, default_file_mode())  # mkstemp makes 0600; keep the user's umask
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
