@@ -106,3 +106,22 @@ def test_math_domain_is_a_package_like_sql():
     assert math_domain.MathKeywordLabeler.__module__ == "verl_replay.math.descriptor"
     for name in math_domain.__all__:
         assert getattr(math_domain, name) is not None, name
+
+
+def test_readme_setup_commands_are_the_ones_ci_runs():
+    """.ci/run copies the README's two commands; a change to one must reach the other."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    ci = [line for line in (repo / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+          if line.startswith(("python3 -m venv", ". .venv"))]
+    assert ci == [
+        'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e ".[test]"',
+        ". .venv/bin/activate && python -m pytest",
+    ]
+    assert f"{ci[0]} && python -m verl_replay.main" in readme and ci[1] in readme
+    for link in ("docs/headroom_drift.md", "docs/elite_replay.md", "docs/metrics.md", "docs/settings.md",
+                 "docs/running.md"):
+        assert f"]({link}" in readme and (repo / link).is_file(), link
+    assert "shared/SPEC.md" not in readme
