@@ -139,6 +139,12 @@ def test_a_misspelled_replay_key_gets_a_did_you_mean_either_way(tmp_path, overri
     assert len(result.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
 
 
+def test_an_override_hydra_refuses_is_a_setting_error_too(tmp_path):
+    result, _ = run_cli(tmp_path, "trainer.total_training_stepz=2")
+    assert result.returncode == 2 and "Could not override 'trainer.total_training_stepz'" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 # A stand-in for verl's loop: prints and warns like verl and its workers, writes metrics the way
 # verl's file logger does, prints at interpreter exit like Ray's shutdown; or fails.
 FAKE_VERL = textwrap.dedent(r'''

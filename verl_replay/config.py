@@ -4,6 +4,8 @@ Every replay setting a run can take is declared here. :func:`ReplayConfig.from_m
 Hydra/OmegaConf ``replay`` node (or any mapping) into a :class:`ReplayConfig` and raises
 :class:`ReplayConfigError` naming the offending key (``replay.tau``) and what to change. The
 trainer calls it once at start-up, in the driver, before any Ray worker starts.
+:func:`check_override_keys` refuses a misspelled ``replay.*`` key on the command line before
+Hydra composes (with a did-you-mean, whether it was given as ``replay.x=`` or ``+replay.x=``).
 """
 
 from __future__ import annotations

@@ -61,6 +61,7 @@ class StartupError(Exception):
 
 
 _CONSOLE: Optional[Console] = None
+_COMPOSED = False  # Hydra composed the config and called main()
 
 
 def console() -> Console:
@@ -447,6 +448,8 @@ def _as_list(value: Any) -> list[str]:
 # which is config.py, whenever this runs other than as ``python -m verl_replay.main``.
 @hydra.main(config_path=str(CONFIG_DIR), config_name="replay_trainer", version_base=None)
 def main(config: DictConfig) -> None:
+    global _COMPOSED
+    _COMPOSED = True
     code = run(config)
     if code != EXIT_OK:
         raise SystemExit(code)
@@ -478,7 +481,13 @@ def cli(argv: Optional[list[str]] = None) -> None:
         args.append(searchpath)
     sys.argv[1:] = args
     register_resolvers()
-    main()
+    try:
+        main()
+    except SystemExit as exit_:
+        # Hydra exits 1 after printing why an override cannot apply: a setting error, like ours
+        if not _COMPOSED and exit_.code not in (0, None):
+            raise SystemExit(EXIT_USAGE) from None
+        raise
 
 
 if __name__ == "__main__":
