@@ -336,23 +336,15 @@ def prepare_run(config: DictConfig, run_dir: RunDir, quiet: bool) -> Path:
 
 
 def train(config: DictConfig, replay_config: ReplayConfig, run_dir: RunDir, quiet: bool) -> int:
-    from verl_replay.integrations.verl.console import StepFollower, describe_failure, step_fields
+    from verl_replay.integrations.verl.console import describe_failure
 
     out = console()
-    metrics_path = prepare_run(config, run_dir, quiet)
-    total = OmegaConf.select(config, "trainer.total_training_steps")
-    announce_start(config, replay_config, run_dir, quiet)
-
-    def on_step(step: int, data: dict) -> None:
-        out.advance(step)
-        out.line(step_line(step, total, step_fields(data, replay_config)))
-
-    follower = StepFollower(metrics_path, on_step, on_idle=out.refresh) if quiet else None
-    if follower is not None:
-        out.start_progress(total)
-        follower.start()
+    follower = None
     started = time.monotonic()
     try:
+        metrics_path = prepare_run(config, run_dir, quiet)
+        announce_start(config, replay_config, run_dir, quiet)
+        follower = follow_steps(config, replay_config, metrics_path) if quiet else None
         _run_ppo(config)
     except KeyboardInterrupt:
         _stop(follower, out)
@@ -365,9 +357,25 @@ def train(config: DictConfig, replay_config: ReplayConfig, run_dir: RunDir, quie
         out.error(f"verl_replay: training failed: {describe_failure(error)}{where}")
         return EXIT_FAILED
     _stop(follower, out)
-    steps = len(follower.steps) if follower is not None else None
-    announce_done(run_dir.path, time.monotonic() - started, steps)
+    announce_done(run_dir.path, time.monotonic() - started, len(follower.steps) if follower is not None else None)
     return EXIT_OK
+
+
+def follow_steps(config: DictConfig, replay_config: ReplayConfig, metrics_path: Path) -> Any:
+    """The progress bar and one console line per step, read back from verl's metrics file."""
+    from verl_replay.integrations.verl.console import StepFollower, step_fields
+
+    out = console()
+    total = OmegaConf.select(config, "trainer.total_training_steps")
+
+    def on_step(step: int, data: dict) -> None:
+        out.advance(step)
+        out.line(step_line(step, total, step_fields(data, replay_config)))
+
+    follower = StepFollower(metrics_path, on_step, on_idle=out.refresh)
+    out.start_progress(total)
+    follower.start()
+    return follower
 
 
 def _run_ppo(config: DictConfig) -> None:
