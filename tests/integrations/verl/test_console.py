@@ -35,6 +35,8 @@ def test_replay_summary_follows_the_strategy():
     hd = dict(step_fields(data, ReplayConfig.from_mapping({"strategy": "headroom_drift", "k_rep": 4})))
     assert hd["replayed"] == "2/4" and hd["buffer"] == 12.0 and hd["replay_kl"] == 0.0021 and hd["drift"] == 0.031
     assert "elite_nll" not in hd
+    nothing = dict(step_fields({**data, "replay/accepted": 0.0}, ReplayConfig.from_mapping({"strategy": "headroom_drift"})))
+    assert nothing["replayed"] == "0/16" and "drift" not in nothing and "replay_kl" not in nothing
     naive = dict(step_fields(data, ReplayConfig.from_mapping({"strategy": "naive", "k_rep": 2})))
     assert naive["replayed"] == "2/2" and "replay_kl" not in naive and "drift" not in naive
     elite = dict(step_fields(data, ReplayConfig.from_mapping({"strategy": "elite", "elite": {"archive": "a"}})))

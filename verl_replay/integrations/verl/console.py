@@ -60,7 +60,7 @@ def step_fields(data: Mapping[str, Any], replay: ReplayConfig) -> list[tuple[str
     if replay.uses_group_buffer and "replay/accepted" in data:
         fields.append(("replayed", f"{int(data['replay/accepted'])}/{replay.k_rep}"))
         fields += [(label, data[key]) for label, key in GROUP_REPLAY_FIELDS if key in data]
-        if replay.uses_headroom_drift:
+        if replay.uses_headroom_drift and data["replay/accepted"] > 0:  # over the accepted groups
             fields += [(label, data[key]) for label, key in DRIFT_FIELDS if key in data]
     if replay.uses_elite:
         fields += [(label, data[key]) for label, key in ELITE_FIELDS if key in data]
