@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """Plot replay dynamics from a Headroom-Drift event log (SPEC 1.5).
 
-    python scripts/plot_replay_dynamics.py --events runs/x/replay_events.jsonl --out-dir DIR
+    python scripts/plot_replay_dynamics.py --events outputs/verl_replay/RUN/replay_events.jsonl --out-dir plots/
 
-Writes three PNGs and the tables behind them (``tables.json``):
+Writes three PNGs and the tables behind them (``tables.json``). Titles carry the run's strategy,
+tau and K_rep, read from the ``config.yaml`` next to the event log (the run dir) unless given
+with ``--tau`` / ``--k-rep``; every bin shows how many groups or scans it holds.
 
 (a) ``replay_by_headroom_decile.png``: mean lifetime replay count and P(replayed at least
     once) per initial-Headroom decile. Deciles are equal-count: groups sorted by initial
@@ -29,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from verl_replay.headroom_drift.events import read_events  # noqa: E402
 
@@ -104,17 +108,57 @@ def compute_tables(events: Sequence[dict[str, Any]], completed_only: bool = Fals
             "steps": steps_table(events)}
 
 
+def run_settings(events_path: Path, tau: float | None = None, k_rep: int | None = None) -> dict[str, Any]:
+    """strategy / tau / k_rep of the run: the flags, else the run dir's ``config.yaml``."""
+    settings: dict[str, Any] = {"strategy": None, "tau": None, "k_rep": None}
+    config_file = Path(events_path).parent / "config.yaml"
+    if config_file.is_file():
+        replay = (yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}).get("replay") or {}
+        settings.update({key: replay.get(key) for key in settings})
+    if tau is not None:
+        settings["tau"] = tau
+    if k_rep is not None:
+        settings["k_rep"] = k_rep
+    return settings
+
+
+def settings_label(settings: dict[str, Any]) -> str:
+    """`` (headroom_drift, tau=0.05, K_rep=2)``; the naive baseline has no gate, so no tau."""
+    parts = []
+    if settings.get("strategy"):
+        parts.append(str(settings["strategy"]))
+    if settings.get("tau") is not None and settings.get("strategy") != "naive":
+        parts.append(f"tau={settings['tau']:g}")
+    if settings.get("k_rep") is not None:
+        parts.append(f"K_rep={settings['k_rep']}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _integer_axis(axis: Any) -> None:
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _save(fig: Any, path: Path) -> Any:
+    """Write the PNG and release pyplot's hold on the figure (returned for inspection)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return fig
+
+
 def _empty(ax: Any, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} in the log", ha="center", va="center", transform=ax.transAxes)
 
 
-def plot_deciles(rows: list[dict], path: Path, completed_only: bool) -> None:
+def plot_deciles(rows: list[dict], path: Path, completed_only: bool, label: str = "") -> Any:
     fig, ax = plt.subplots(figsize=(7, 4))
     if rows:
         x = [r["decile"] for r in rows]
-        ax.bar(x, [r["mean_replays"] for r in rows], color="tab:blue", alpha=0.7,
-               label="mean lifetime replays")
+        bars = ax.bar(x, [r["mean_replays"] for r in rows], color="tab:blue", alpha=0.7,
+                      label="mean lifetime replays")
+        ax.bar_label(bars, labels=[f"n={r['groups']}" for r in rows], fontsize=7, padding=2)
         ax.set_ylabel("mean lifetime replay count")
+        ax.set_ylim(0, max(r["mean_replays"] for r in rows) * 1.15 or 1)
         ax2 = ax.twinx()
         ax2.plot(x, [r["p_replayed"] for r in rows], "o-", color="tab:red",
                  label="P(replayed >= 1)")
@@ -124,43 +168,49 @@ def plot_deciles(rows: list[dict], path: Path, completed_only: bool) -> None:
         fig.legend(loc="upper left", bbox_to_anchor=(0.1, 0.9))
     else:
         _empty(ax, "ingressed groups")
-    ax.set_xlabel("initial Headroom decile (1 = lowest)")
-    ax.set_title("Replay vs initial Headroom" + (" (evicted groups)" if completed_only else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    ax.set_xlabel("initial Headroom decile (1 = lowest; n = groups in the decile)")
+    ax.set_title("Replay vs initial Headroom" + (" (evicted groups)" if completed_only else "") + label)
+    return _save(fig, path)
 
 
-def plot_age(rows: list[dict], path: Path) -> None:
+def plot_age(rows: list[dict], path: Path, label: str = "") -> Any:
     fig, ax = plt.subplots(figsize=(7, 4))
     if rows:
-        ax.plot([r["age"] for r in rows], [r["acceptance_rate"] for r in rows], "o-")
+        ages = [r["age"] for r in rows]
+        counts = ax.twinx()  # scans per age: how much each point of the rate rests on
+        counts.bar(ages, [r["scans"] for r in rows], color="0.85", width=0.8, label="scans")
+        counts.set_ylabel("scans at this age")
+        _integer_axis(counts.yaxis)
+        ax.set_zorder(counts.get_zorder() + 1)
+        ax.patch.set_visible(False)
+        ax.plot(ages, [r["acceptance_rate"] for r in rows], "o-", label="acceptance rate")
         ax.set_ylim(-0.02, 1.02)
     else:
         _empty(ax, "scans")
+    _integer_axis(ax.xaxis)
     ax.set_xlabel("age at scan (steps since birth)")
     ax.set_ylabel("acceptance rate")
-    ax.set_title("Drift-gate acceptance vs age")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    ax.set_title("Drift-gate acceptance vs age" + label)
+    return _save(fig, path)
 
 
-def plot_steps(rows: list[dict], path: Path) -> None:
+def plot_steps(rows: list[dict], path: Path, label: str = "", k_rep: int | None = None) -> Any:
     fig, ax = plt.subplots(figsize=(7, 4))
     if rows:
         steps = [r["step"] for r in rows]
         ax.plot(steps, [r["scan_depth"] for r in rows], label="scan depth")
         ax.plot(steps, [r["accepted"] for r in rows], label="accepted")
+        if k_rep is not None:
+            ax.axhline(k_rep, color="0.5", linestyle=":", label=f"K_rep = {k_rep}")
         ax.legend()
     else:
         _empty(ax, "step summaries")
+    _integer_axis(ax.xaxis)
+    _integer_axis(ax.yaxis)
     ax.set_xlabel("step")
     ax.set_ylabel("groups")
-    ax.set_title("Scan depth and accepted replay groups")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    ax.set_title("Scan depth and accepted groups" + label)
+    return _save(fig, path)
 
 
 def _json_safe(x: Any) -> Any:
@@ -179,15 +229,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--out-dir", required=True, help="directory for the PNGs and tables.json")
     ap.add_argument("--completed-only", action="store_true",
                     help="decile plot: only groups whose eviction is in the log")
+    ap.add_argument("--tau", type=float, default=None, help="the run's tau (default: from its config.yaml)")
+    ap.add_argument("--k-rep", type=int, default=None, help="the run's K_rep (default: from its config.yaml)")
     args = ap.parse_args(argv)
     events = read_events(args.events)
+    settings = run_settings(Path(args.events), args.tau, args.k_rep)
+    label = settings_label(settings)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tables = compute_tables(events, args.completed_only)
-    plot_deciles(tables["deciles"], out / PLOTS["deciles"], args.completed_only)
-    plot_age(tables["age"], out / PLOTS["age"])
-    plot_steps(tables["steps"], out / PLOTS["steps"])
-    (out / "tables.json").write_text(json.dumps(_json_safe(tables), indent=1) + "\n")
+    plot_deciles(tables["deciles"], out / PLOTS["deciles"], args.completed_only, label)
+    plot_age(tables["age"], out / PLOTS["age"], label)
+    plot_steps(tables["steps"], out / PLOTS["steps"], label, settings["k_rep"])
+    document = {"settings": settings, **tables}
+    (out / "tables.json").write_text(json.dumps(_json_safe(document), indent=1) + "\n")
     for name in PLOTS.values():
         print(out / name)
     return tables

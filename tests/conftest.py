@@ -14,12 +14,14 @@ def tiny_assets():
 
 
 class MainRun:
-    """Outcome of one ``python -m verl_replay.main`` subprocess."""
+    """Outcome of one ``python -m verl_replay.main`` subprocess (``output``: what the console showed)."""
 
-    def __init__(self, run_dir, returncode: int, output: str):
-        self.run_dir = run_dir
+    def __init__(self, run_dir, returncode: int, stdout: str, stderr: str):
+        self.run_dir = run_dir  # None when the run created no folder (it stopped at start-up)
         self.returncode = returncode
-        self.output = output
+        self.stdout = stdout
+        self.stderr = stderr
+        self.output = stdout + stderr
 
     @property
     def metrics(self) -> list[dict]:
@@ -28,23 +30,39 @@ class MainRun:
         path = self.run_dir / "metrics.jsonl"
         return [json.loads(line)["data"] for line in path.read_text().splitlines() if line.strip()]
 
+    @property
+    def log(self) -> str:
+        """verl's own output (``<run_dir>/verl.log``)."""
+        return (self.run_dir / "verl.log").read_text(errors="replace")
+
 
 @pytest.fixture
 def run_main(tmp_path):
-    """Run verl_replay.main in a subprocess with Hydra overrides; outputs land under tmp_path."""
+    """Run verl_replay.main in a subprocess with Hydra overrides, in tmp_path; outputs land under
+    tmp_path/outputs. Without ``run_dir`` the run makes its own folder, found afterwards."""
     import os
     import subprocess
     import sys
 
-    def run(*overrides: str, experiment: str = "e2e", timeout: int = 900, check: bool = True) -> MainRun:
+    project = tmp_path / "outputs" / "verl_replay"
+
+    def run(*overrides: str, experiment: str = "e2e", run_dir=None, timeout: int = 900,
+            check: bool = True) -> MainRun:
         env = dict(os.environ, VERL_REPLAY_OUTPUT_DIR=str(tmp_path / "outputs"), PYTHONUNBUFFERED="1")
         env.pop("VERL_FILE_LOGGER_PATH", None)
         command = [sys.executable, "-m", "verl_replay.main", f"trainer.experiment_name={experiment}", *overrides]
+        if run_dir is not None:
+            command.append(f"run_dir={run_dir}")
+        before = set(project.glob(f"{experiment}-*"))
         result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
-        output = result.stdout + result.stderr
-        outcome = MainRun(tmp_path / "outputs" / "verl_replay" / experiment, result.returncode, output)
+        if run_dir is None:
+            created = sorted(set(project.glob(f"{experiment}-*")) - before)
+            assert len(created) <= 1, f"one run made several folders: {created}"
+            run_dir = created[0] if created else None
+        outcome = MainRun(run_dir, result.returncode, result.stdout, result.stderr)
         if check and result.returncode != 0:
-            raise AssertionError(f"verl_replay.main failed ({result.returncode}):\n{output[-6000:]}")
+            log = outcome.log[-6000:] if run_dir is not None and (run_dir / "verl.log").exists() else ""
+            raise AssertionError(f"verl_replay.main failed ({result.returncode}):\n{outcome.output[-3000:]}\n{log}")
         return outcome
 
     return run

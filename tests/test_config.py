@@ -50,3 +50,35 @@ def test_elite_strategies_and_sampler_kind():
     assert config.uses_elite and config.elite_sampler == "iid" and not config.uses_group_buffer
     combined = ReplayConfig.from_mapping({"strategy": "headroom_drift+elite", "elite": {"archive": "a.parquet"}})
     assert combined.uses_elite and combined.uses_headroom_drift and combined.elite_sampler == "balanced"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("replay.k_repp=2", r"replay\.k_repp \(did you mean replay\.k_rep\?\)"),
+        ("+replay.k_repp=2", r"replay\.k_repp \(did you mean replay\.k_rep\?\)"),
+        ("++replay.tua=0.1", r"replay\.tua \(did you mean replay\.tau\?\)"),
+        ("replay.elite.archve=a.parquet", r"replay\.elite\.archve \(did you mean replay\.elite\.archive\?\)"),
+        ("~replay.strategi", r"replay\.strategi \(did you mean replay\.strategy\?\)"),
+        ("replay.zzzz=1", r"unknown setting\(s\) replay\.zzzz; valid keys under replay are: audit_dir, "),
+    ],
+)
+def test_unknown_override_keys_get_a_did_you_mean(override, message):
+    from verl_replay.config import check_override_keys
+
+    with pytest.raises(ReplayConfigError, match=message):
+        check_override_keys(["trainer.total_training_steps=2", override])
+
+
+def test_known_override_keys_and_other_sections_pass():
+    from verl_replay.config import check_override_keys
+
+    check_override_keys([
+        "replay.k_rep=2", "+replay.tau=0.1", "replay.elite.mu=0.1", "~replay.max_scan_groups",
+        "replay.elite={archive:a.parquet}", "replay_extra.x=1", "trainer.replay.x=1", "--cfg", "job",
+    ])
+
+
+def test_unknown_mapping_key_gets_a_did_you_mean():
+    with pytest.raises(ReplayConfigError, match=r"replay\.capacty \(did you mean replay\.capacity\?\)"):
+        ReplayConfig.from_mapping({"capacty": 8})

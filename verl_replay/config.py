@@ -4,14 +4,18 @@ Every replay setting a run can take is declared here. :func:`ReplayConfig.from_m
 Hydra/OmegaConf ``replay`` node (or any mapping) into a :class:`ReplayConfig` and raises
 :class:`ReplayConfigError` naming the offending key (``replay.tau``) and what to change. The
 trainer calls it once at start-up, in the driver, before any Ray worker starts.
+:func:`check_override_keys` refuses a misspelled ``replay.*`` key on the command line before
+Hydra composes (with a did-you-mean, whether it was given as ``replay.x=`` or ``+replay.x=``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 STRATEGIES = ("none", "headroom_drift", "naive", "elite", "elite_iid", "headroom_drift+elite")
 WEIGHTINGS = ("sign", "advantage")
@@ -152,14 +156,52 @@ def _to_plain_dict(node: Any) -> dict[str, Any]:
     raise ReplayConfigError(f"the replay config must be a mapping, got {type(node).__name__}")
 
 
+def _known_keys(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _did_you_mean(prefix: str, key: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {prefix}.{close[0]}?)" if close else ""
+
+
+def _unknown_key_error(prefix: str, unknown: Sequence[str], known: set[str]) -> ReplayConfigError:
+    names = ", ".join(f"{prefix}.{k}{_did_you_mean(prefix, k, known)}" for k in unknown)
+    return ReplayConfigError(
+        f"unknown setting(s) {names}; valid keys under {prefix} are: {', '.join(sorted(known))}"
+    )
+
+
 def _reject_unknown(raw: Mapping[str, Any], cls: type, prefix: str) -> None:
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = _known_keys(cls)
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ReplayConfigError(
-            f"unknown setting(s) {', '.join(f'{prefix}.{k}' for k in unknown)}; "
-            f"valid keys under {prefix} are: {', '.join(sorted(known))}"
-        )
+        raise _unknown_key_error(prefix, unknown, known)
+
+
+# `replay.k_rep=2`, `+replay.k_rep=2`, `++replay.elite.mu=0.1`, `~replay.tau`: the key part of a
+# Hydra override of the replay section.
+_REPLAY_OVERRIDE = re.compile(r"^(?:\+\+|\+|~)?replay\.(?P<key>[^=~+]+?)(?:=|$)")
+
+
+def check_override_keys(overrides: Sequence[str]) -> None:
+    """Refuse a command-line override of an unknown ``replay.*`` key, with a did-you-mean.
+
+    Runs on the raw arguments before Hydra composes the config: Hydra's own message for
+    ``replay.k_repp=2`` suggests ``+replay.k_repp=2``, which only leads to a second error.
+    """
+    for override in overrides:
+        match = _REPLAY_OVERRIDE.match(override)
+        if match is None:
+            continue
+        parts = match.group("key").split(".")
+        if parts[0] == "elite" and len(parts) > 1:
+            prefix, cls, key = "replay.elite", EliteConfig, ".".join(parts[1:])
+        else:
+            prefix, cls, key = "replay", ReplayConfig, ".".join(parts)
+        known = _known_keys(cls)  # includes "elite": the whole node, e.g. replay.elite={archive:x}
+        if key not in known:
+            raise _unknown_key_error(prefix, [key], known)
 
 
 def _is_number(value: Any) -> bool:

@@ -1,32 +1,97 @@
 """Entry point: ``python -m verl_replay.main [hydra overrides]``.
 
 The config (``verl_replay/config/replay_trainer.yaml``) extends verl's ``ppo_trainer`` and adds
-``replay:``. With no overrides it runs the embedded default, a tiny GRPO run on CPU. The
-replay section is validated here, once, before Ray starts; a bad value stops the run with a
-message naming the key.
+``replay:``. With no overrides it runs the embedded default, a tiny GRPO run on CPU.
+
+A run, in order:
+
+1. unknown ``replay.*`` keys on the command line are refused with a did-you-mean (before Hydra);
+2. in the driver, before Ray starts: the replay section, the required keys, the data files,
+   their SQLite databases, the model, the tokenizer, the EliteReplay archive and verl's own
+   config checks; a bad one stops the run with one line naming the key and the path;
+3. the run gets its folder (``run_dir``, see :mod:`verl_replay.runs`), its resolved
+   ``config.yaml``, and -- unless ``verbose=true`` -- everything verl, Ray and the workers print
+   goes to ``<run_dir>/verl.log`` while the console shows one line per step;
+4. verl's GRPO loop runs with :class:`~verl_replay.integrations.verl.task_runner.ReplayTaskRunner`.
+
+Exit codes: 0 done; 1 the training failed (reason on the last line, details in ``verl.log``);
+2 a setting or an input is wrong (nothing was started); 130 interrupted.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import importlib.util
 import os
 import sys
+import tempfile
+import threading
+import time
+import traceback
+from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
-from verl_replay.config import ReplayConfig, ReplayConfigError
+from verl_replay.config import ReplayConfig, ReplayConfigError, check_override_keys
+from verl_replay.console import Console, step_line
+from verl_replay.preflight import (
+    PreflightError,
+    check_archive_file,
+    check_data_files,
+    check_model_dir,
+    check_sql_databases,
+    check_tokenizer,
+)
+from verl_replay.runs import CONFIG_FILE, LOG_FILE, METRICS_FILE, RunDir, open_run_dir, run_dir_name
 
 TINY_ASSET_RESOLVER = "tiny_asset"
 REQUIRED_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path")
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+TINY_BUILD_NOTICE_S = 2.0
+CONFIG_DIR = Path(__file__).resolve().parent / "config"
+
+
+class StartupError(Exception):
+    """A setting or an input that stops the run before anything starts; one line."""
+
+
+_CONSOLE: Optional[Console] = None
+_COMPOSED = False  # Hydra composed the config and called main()
+
+
+def console() -> Console:
+    global _CONSOLE
+    if _CONSOLE is None:
+        _CONSOLE = Console()
+    return _CONSOLE
+
+
+# ---------------------------------------------------------------------------- tiny assets
+
+
+@functools.lru_cache(maxsize=1)
+def _tiny_assets() -> Any:
+    from verl_replay.data.tiny_assets import build_tiny_assets
+
+    # A cached build is checked in well under a second; say something only when it builds.
+    notice = threading.Timer(TINY_BUILD_NOTICE_S, lambda: console().line(
+        "verl_replay: building the tiny assets (tokenizer, models, data; once per machine, a few minutes) ..."))
+    notice.daemon = True
+    notice.start()
+    try:
+        return build_tiny_assets()
+    finally:
+        notice.cancel()
 
 
 def _tiny_asset(name: str) -> str:
     """``${tiny_asset:model}`` etc.: path of a tiny local asset, built and cached on first use."""
-    from verl_replay.data.tiny_assets import build_tiny_assets
-
-    assets = build_tiny_assets()
+    assets = _tiny_assets()
     paths = {
         "model": assets.model_dir,
         "math_model": assets.model_dir,
@@ -55,6 +120,9 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("vr_sum", _sum)
 
 
+# ---------------------------------------------------------------------------- verl set-up
+
+
 def prepare_platform(config: DictConfig) -> None:
     """Select verl_replay's cpu platform in this process when the run asks for ``trainer.device=cpu``."""
     if config.trainer.device != "cpu":
@@ -68,33 +136,6 @@ def prepare_platform(config: DictConfig) -> None:
     install_cpu_support()
     if get_platform().device_name != "cpu":  # a verl import resolved the platform before us
         set_platform(PlatformCPU())
-
-
-def keep_previous_metrics(metrics_path: Path) -> Optional[Path]:
-    """verl's file logger truncates its file; a resumed run keeps the earlier segment aside."""
-    if not metrics_path.exists() or metrics_path.stat().st_size == 0:
-        return None
-    index = 1
-    while (kept := metrics_path.with_name(f"{metrics_path.stem}.{index}{metrics_path.suffix}")).exists():
-        index += 1
-    metrics_path.rename(kept)
-    return kept
-
-
-def prepare_run_dir(config: DictConfig) -> Path:
-    run_dir = Path(config.run_dir).absolute()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if "VERL_FILE_LOGGER_PATH" not in os.environ:
-        kept = keep_previous_metrics(run_dir / "metrics.jsonl")
-        if kept is not None:
-            print(f"verl_replay: earlier metrics of this run dir kept in {kept}", flush=True)
-    # verl's file logger reads this in the TaskRunner process (Ray inherits the driver's env)
-    os.environ.setdefault("VERL_FILE_LOGGER_PATH", str(run_dir / "metrics.jsonl"))
-    env_vars = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars")
-    if env_vars is not None:
-        with open_dict(env_vars):
-            env_vars["VERL_FILE_LOGGER_PATH"] = os.environ["VERL_FILE_LOGGER_PATH"]
-    return run_dir
 
 
 def check_trainer_mode(config: DictConfig) -> None:
@@ -119,6 +160,64 @@ def check_trainer_mode(config: DictConfig) -> None:
         raise ValueError("separate_async needs actor_rollout_ref.rollout.checkpoint_engine.backend=nccl (or nixl, ...)")
 
 
+def check_verl_config(config: DictConfig) -> None:
+    """verl's own start-up checks (its ``validate_config``) plus the trainer-mode ones."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    try:
+        check_trainer_mode(config)
+        validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    except (ValueError, AssertionError, KeyError, TypeError) as error:
+        raise StartupError(f"verl refuses the config: {_first_line(error)}") from None
+
+
+def preflight_elite_archive(config: DictConfig, replay_config: ReplayConfig, tokenizer: Any = None) -> None:
+    from verl_replay.integrations.verl.elite_replay import preflight_archive
+
+    check_archive_file("replay.elite.archive", replay_config.elite.archive)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(config.actor_rollout_ref.model.path)
+    try:
+        preflight_archive(replay_config, tokenizer=tokenizer, train_files=_as_list(config.data.train_files))
+    except (ValueError, FileNotFoundError) as error:
+        raise StartupError(f"replay.elite.archive cannot be used for this run: {_first_line(error)}") from None
+
+
+# ---------------------------------------------------------------------------- start-up checks
+
+
+def check_inputs(config: DictConfig, replay_config: ReplayConfig) -> None:
+    """Data files, their databases, the model, its tokenizer and the archive, in the driver."""
+    prompt_key = OmegaConf.select(config, "data.prompt_key", default="prompt")
+    for key in ("data.train_files", "data.val_files"):
+        files = check_data_files(key, OmegaConf.select(config, key), prompt_key=prompt_key)
+        check_sql_databases(key, files)
+    model = config.actor_rollout_ref.model
+    check_model_dir("actor_rollout_ref.model.path", model.path)
+    tokenizer_key = "actor_rollout_ref.model.tokenizer_path" if model.get("tokenizer_path") else "actor_rollout_ref.model.path"
+    tokenizer = check_tokenizer(tokenizer_key, model.get("tokenizer_path") or model.path,
+                                trust_remote_code=bool(model.get("trust_remote_code", False)))
+    if replay_config.uses_elite:
+        preflight_elite_archive(config, replay_config, tokenizer)
+
+
+def check_required(config: DictConfig) -> None:
+    missing = [key for key in REQUIRED_KEYS if OmegaConf.select(config, key) in (None, "", [])]
+    if missing:
+        raise StartupError(f"these settings are required and have no value: {', '.join(missing)}")
+
+
+def planned_run_dir(config: DictConfig, now: datetime) -> Path:
+    """The folder this run will use; a new one is only created after every check passed."""
+    if config.get("run_dir"):
+        return Path(str(config.run_dir)).expanduser().absolute()
+    name = run_dir_name(str(config.trainer.experiment_name), now)
+    return (Path(str(config.output_root)) / str(config.trainer.project_name) / name).absolute()
+
+
 def check_replay_settings(config: DictConfig, replay_config: ReplayConfig) -> None:
     """verl settings that would mix replayed rows into the fresh rows' numbers (SPEC 1.7)."""
     from verl_replay.integrations.verl.guards import ReplayIncompatibleSetting, check_replay_compatible
@@ -126,70 +225,296 @@ def check_replay_settings(config: DictConfig, replay_config: ReplayConfig) -> No
     try:
         check_replay_compatible(config, replay_config.strategy)
     except ReplayIncompatibleSetting as error:
-        raise SystemExit(f"verl_replay: {error}") from None
+        raise StartupError(str(error)) from None
 
 
-def preflight_elite_archive(config: DictConfig, replay_config: ReplayConfig) -> None:
-    from transformers import AutoTokenizer
+def startup_checks(config: DictConfig, now: datetime) -> tuple[ReplayConfig, DictConfig]:
+    """Every check that needs no Ray, on a resolved copy of the config (the probe).
 
-    from verl_replay.integrations.verl.elite_replay import preflight_archive
-
-    train_files = config.data.train_files
-    train_files = [train_files] if isinstance(train_files, str) else list(train_files)
-    tokenizer = AutoTokenizer.from_pretrained(config.actor_rollout_ref.model.path)
+    The copy points ``run_dir`` at the planned folder, which is created only afterwards, so a
+    run that fails here leaves nothing behind.
+    """
+    probe = copy.deepcopy(config)
+    with open_dict(probe):
+        probe.run_dir = str(planned_run_dir(config, now))
     try:
-        preflight_archive(replay_config, tokenizer=tokenizer, train_files=train_files)
-    except (ValueError, FileNotFoundError) as error:
-        raise SystemExit(f"verl_replay: replay.elite.archive cannot be used for this run: {error}") from None
-
-
-def run(config: DictConfig) -> None:
-    try:
-        replay_config = ReplayConfig.from_mapping(config.get("replay"))
+        replay_config = ReplayConfig.from_mapping(probe.get("replay"))
     except ReplayConfigError as error:
-        raise SystemExit(f"verl_replay: invalid config: {error}") from None
-    # Absolute, so checkpoints and logs land in the same place whatever a Ray worker's cwd is.
-    config.run_dir = str(Path(config.run_dir).absolute())
-    OmegaConf.resolve(config)  # tiny assets are built here, in the driver, once
-    missing = [key for key in REQUIRED_KEYS if OmegaConf.select(config, key) in (None, "", [])]
-    if missing:
-        raise SystemExit(f"verl_replay: these settings are required and have no value: {', '.join(missing)}")
-
-    check_replay_settings(config, replay_config)
-
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
-
-    if config.get("dry_run", False):
-        check_trainer_mode(config)
-        validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-        print(OmegaConf.to_yaml(config), flush=True)
-        print(f"verl_replay: dry run OK (strategy={replay_config.strategy}, trainer_mode={config.trainer.v1.trainer_mode})")
-        return
-
-    prepare_platform(config)
-    if replay_config.uses_elite:
-        preflight_elite_archive(config, replay_config)
-    run_dir = prepare_run_dir(config)
-
-    from verl.trainer.main_ppo import run_ppo
+        raise StartupError(f"invalid config: {error}") from None
+    try:
+        OmegaConf.resolve(probe)  # tiny assets are built here, in the driver, once
+    except OmegaConfBaseException as error:
+        raise StartupError(f"the config does not resolve: {_first_line(error)}") from None
+    check_required(probe)
+    check_replay_settings(probe, replay_config)
+    if probe.get("dry_run", False):  # composes and validates only: paths may name another machine
+        check_verl_config(probe)
+        return replay_config, probe
+    try:
+        check_inputs(probe, replay_config)
+    except PreflightError as error:
+        raise StartupError(str(error)) from None
+    prepare_platform(probe)
     from verl.utils.device import auto_set_device
+
+    auto_set_device(probe)
+    check_verl_config(probe)
+    return replay_config, probe
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def run(config: DictConfig) -> int:
+    """Check, set up and train; returns the exit code. Leaves fds 1 and 2 on ``verl.log``
+    (unless verbose), so what Ray and the interpreter print at exit goes there too."""
+    out = console()
+    quiet = not bool(config.get("verbose", False))
+    startup_log = _temporary_log() if quiet else None
+    try:
+        if startup_log is not None:
+            out.redirect_to(startup_log)
+        replay_config, probe = startup_checks(config, datetime.now())
+        if probe.get("dry_run", False):
+            return dry_run_report(probe, replay_config)
+        run_dir = claim_run_dir(config)
+        if startup_log is not None:
+            out.redirect_to(run_dir.path / LOG_FILE, carry_over=[startup_log])
+    except StartupError as error:
+        out.error(f"verl_replay: {error}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        out.error("verl_replay: interrupted before the run started")
+        return EXIT_INTERRUPTED
+    except Exception:
+        return _startup_crash(out, startup_log)
+    finally:
+        if startup_log is not None:
+            startup_log.unlink(missing_ok=True)
+    return train(config, replay_config, run_dir, quiet)
+
+
+def _temporary_log() -> Path:
+    """Where fds 1 and 2 point until the run dir exists (its text then moves into verl.log)."""
+    handle, name = tempfile.mkstemp(prefix="verl_replay-startup-", suffix=".log")
+    os.close(handle)
+    return Path(name)
+
+
+def _startup_crash(out: Console, startup_log: Optional[Path]) -> int:
+    """An unexpected error before the run dir exists: show everything (a bug, not a setting)."""
+    details = traceback.format_exc()
+    out.restore()
+    if startup_log is not None and startup_log.exists():
+        out.err.write(startup_log.read_text(errors="replace"))
+    out.error(details.rstrip())
+    return EXIT_FAILED
+
+
+def claim_run_dir(config: DictConfig) -> RunDir:
+    explicit = str(config.run_dir) if config.get("run_dir") else None
+    root = Path(str(config.output_root)) / str(config.trainer.project_name)
+    try:
+        return open_run_dir(explicit, root, str(config.trainer.experiment_name))
+    except (FileExistsError, PermissionError) as error:
+        raise StartupError(str(error)) from None
+
+
+def dry_run_report(config: DictConfig, replay_config: ReplayConfig) -> int:
+    out = console()
+    out.line(OmegaConf.to_yaml(config).rstrip("\n"))
+    out.line(f"verl_replay: dry run OK (strategy={replay_config.strategy}, trainer_mode={config.trainer.v1.trainer_mode})")
+    return EXIT_OK
+
+
+def prepare_run(config: DictConfig, run_dir: RunDir, quiet: bool) -> Path:
+    """Resolve the config into the run dir, select the platform, route verl's output; write config.yaml."""
+    from verl.utils.device import auto_set_device
+
+    from verl_replay._files import atomic_write_text
+    from verl_replay.integrations.verl.console import quiet_logger_backends, quiet_ray_environment
+
+    with open_dict(config):
+        config.run_dir = str(run_dir.path)
+    OmegaConf.resolve(config)
+    prepare_platform(config)
+    auto_set_device(config)
+    metrics_path = run_dir.path / METRICS_FILE
+    # verl's file logger reads this in the TaskRunner process (Ray passes it on in env_vars)
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
+    env_vars = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars")
+    if env_vars is not None:
+        with open_dict(env_vars):
+            env_vars["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
+    if quiet:
+        quiet_logger_backends(config)
+        quiet_ray_environment()
+    atomic_write_text(run_dir.path / CONFIG_FILE, OmegaConf.to_yaml(config))
+    return metrics_path
+
+
+def train(config: DictConfig, replay_config: ReplayConfig, run_dir: RunDir, quiet: bool) -> int:
+    from verl_replay.integrations.verl.console import describe_failure
+
+    out = console()
+    follower = None
+    started = time.monotonic()
+    try:
+        metrics_path = prepare_run(config, run_dir, quiet)
+        announce_start(config, replay_config, run_dir, quiet)
+        follower = follow_steps(config, replay_config, metrics_path) if quiet else None
+        _run_ppo(config)
+    except KeyboardInterrupt:
+        _stop(follower, out)
+        out.error(f"verl_replay: interrupted; resume with run_dir={_shown(run_dir.path)}")
+        return EXIT_INTERRUPTED
+    except Exception as error:
+        traceback.print_exc()  # into verl.log when quiet
+        _stop(follower, out)
+        where = f" (traceback in {_shown(run_dir.path / LOG_FILE)})" if quiet else ""
+        out.error(f"verl_replay: training failed: {describe_failure(error)}{where}")
+        return EXIT_FAILED
+    _stop(follower, out)
+    announce_done(run_dir.path, time.monotonic() - started, len(follower.steps) if follower is not None else None)
+    return EXIT_OK
+
+
+def follow_steps(config: DictConfig, replay_config: ReplayConfig, metrics_path: Path) -> Any:
+    """The progress bar and one console line per step, read back from verl's metrics file."""
+    from verl_replay.integrations.verl.console import StepFollower, step_fields
+
+    out = console()
+    total = OmegaConf.select(config, "trainer.total_training_steps")
+
+    def on_step(step: int, data: dict) -> None:
+        out.advance(step)
+        out.line(step_line(step, total, step_fields(data, replay_config)))
+
+    follower = StepFollower(metrics_path, on_step, on_idle=out.refresh)
+    out.start_progress(total)
+    follower.start()
+    return follower
+
+
+def _run_ppo(config: DictConfig) -> None:
+    from verl.trainer.main_ppo import run_ppo
 
     from verl_replay.integrations.verl.task_runner import ReplayTaskRunner
 
-    auto_set_device(config)
-    check_trainer_mode(config)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    print(f"verl_replay: strategy={replay_config.strategy} run_dir={run_dir}", flush=True)
     run_ppo(config, task_runner_class=ReplayTaskRunner)
-    print(f"verl_replay: done. metrics: {os.environ['VERL_FILE_LOGGER_PATH']}  run dir: {run_dir}", flush=True)
 
 
-@hydra.main(config_path="config", config_name="replay_trainer", version_base=None)
+def _stop(follower: Any, out: Console) -> None:
+    if follower is not None:
+        follower.stop()
+    out.close_progress()
+
+
+# ---------------------------------------------------------------------------- console lines
+
+
+def announce_start(config: DictConfig, replay_config: ReplayConfig, run_dir: RunDir, quiet: bool) -> None:
+    out = console()
+    task = OmegaConf.select(config, "tiny_task")
+    parts = [f"strategy={replay_config.strategy}"]
+    if task:
+        parts.append(f"task={task}")
+    if replay_config.uses_group_buffer:
+        parts.append(f"k_rep={replay_config.k_rep}")
+    if replay_config.uses_headroom_drift:
+        parts.append(f"tau={replay_config.tau}")
+    if replay_config.uses_elite:
+        parts.append(f"mu={replay_config.elite.mu}")
+    steps = OmegaConf.select(config, "trainer.total_training_steps")
+    if steps:
+        parts.append(f"steps={steps}")
+    verb = "resuming" if run_dir.resumed else "run dir"
+    out.line(f"verl_replay: {' '.join(parts)}; {verb} {_shown(run_dir.path)}")
+    if run_dir.kept_metrics is not None:
+        out.line(f"verl_replay: the earlier metrics of this run dir are kept in {run_dir.kept_metrics.name}")
+    if quiet:
+        out.line(f"verl_replay: verl's own output goes to {_shown(run_dir.path / LOG_FILE)} "
+                 "(verbose=true prints it here); starting Ray and the workers ...")
+
+
+def announce_done(run_dir: Path, seconds: float, steps: Optional[int]) -> None:
+    names = [name for name in (METRICS_FILE, CONFIG_FILE, LOG_FILE, "replay_events.jsonl") if (run_dir / name).exists()]
+    if (run_dir / "checkpoints").is_dir():
+        names.append("checkpoints/")
+    counted = f"{steps} steps, " if steps is not None else ""
+    console().line(f"verl_replay: done ({counted}{_duration(seconds)}): {_shown(run_dir)}/ {{{', '.join(names)}}}")
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{rest:02d}s" if minutes else f"{rest}s"
+
+
+def _shown(path: Path) -> str:
+    """The path relative to the working directory when it lies inside it (shorter lines)."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def _as_list(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+# An absolute path: relative to the module, Hydra would look for the package verl_replay.config,
+# which is config.py, whenever this runs other than as ``python -m verl_replay.main``.
+@hydra.main(config_path=str(CONFIG_DIR), config_name="replay_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    run(config)
+    global _COMPOSED
+    _COMPOSED = True
+    code = run(config)
+    if code != EXIT_OK:
+        raise SystemExit(code)
+
+
+def verl_config_searchpath() -> Optional[str]:
+    """``hydra.searchpath`` naming verl's config folder as a ``file://`` path.
+
+    The YAML's ``pkg://verl.trainer.config`` makes Hydra import verl (and torch) to find the
+    folder: 5-15 s before the first check can run. ``find_spec`` locates it without importing.
+    """
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
+    return f"hydra.searchpath=[file://{folder}]" if (folder / "ppo_trainer.yaml").is_file() else None
+
+
+def cli(argv: Optional[list[str]] = None) -> None:
+    """``python -m verl_replay.main``: refuses unknown ``replay.*`` keys before Hydra composes."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        check_override_keys(args)
+    except ReplayConfigError as error:
+        console().error(f"verl_replay: {error}")
+        raise SystemExit(EXIT_USAGE) from None
+    searchpath = verl_config_searchpath()
+    if searchpath is not None and not any(arg.lstrip("+").startswith("hydra.searchpath") for arg in args):
+        args.append(searchpath)
+    sys.argv[1:] = args
+    register_resolvers()
+    try:
+        main()
+    except SystemExit as exit_:
+        # Hydra exits 1 after printing why an override cannot apply: a setting error, like ours
+        if not _COMPOSED and exit_.code not in (0, None):
+            raise SystemExit(EXIT_USAGE) from None
+        raise
 
 
 if __name__ == "__main__":
-    register_resolvers()
-    sys.exit(main())
+    cli()

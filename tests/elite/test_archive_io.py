@@ -266,3 +266,15 @@ def test_tokenizer_fingerprint_is_canonical():
         tokenizer_fingerprint({"a": "0"})  # type: ignore[dict-item]
     with pytest.raises(TypeError):
         tokenizer_fingerprint(vocab, "<eos>")
+
+
+def test_archive_files_get_the_users_umask(tmp_path: Path):
+    """mkstemp creates 0600 files; a saved archive is readable like any other output."""
+    import stat
+
+    from verl_replay._files import default_file_mode
+
+    path = tmp_path / "a.parquet"
+    save_frozen_archive(build_archive(), path, manifest=base_manifest())
+    for written in (path, manifest_path(path)):
+        assert stat.S_IMODE(written.stat().st_mode) == default_file_mode() != 0o600, written

@@ -323,3 +323,32 @@ def test_llm_labeler_search_labels_with_the_frozen_model(full_run, tiny_assets, 
     manifest = json.loads(manifest_path(out).read_text())
     assert manifest["search"]["labeler"] == summary.labeler
     assert all(entry.approach in manifest["vocabulary"] for entry in load_frozen_archive(out))
+
+
+def test_tiny_preset_fills_in_the_tiny_runs_data_model_and_budget(tiny_assets, tmp_path, capsys) -> None:
+    from verl_replay.elite.search import TINY_SEARCH, parse_config
+
+    out = str(tmp_path / "tiny.parquet")
+    config = parse_config(["--tiny", "--out", out])
+    assert (config.data, config.model, config.out) == (str(tiny_assets.sql_train), str(tiny_assets.sql_model_dir), out)
+    assert {name: getattr(config, name) for name in TINY_SEARCH} == TINY_SEARCH
+    # flags given next to --tiny win over the preset
+    config = parse_config(["--tiny", "--out", out, "--limit", "4", "--model", str(tmp_path)])
+    assert config.limit == 4 and config.model == str(tmp_path) and config.data == str(tiny_assets.sql_train)
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["--out", out])
+    assert exit_info.value.code == 2 and "--data is required (or --tiny" in capsys.readouterr().err
+
+
+def test_the_search_state_file_gets_the_users_umask(tiny_assets, tmp_path) -> None:
+    """mkstemp creates 0600 files (the archive's own writer is tested in test_archive_io)."""
+    import stat
+
+    from verl_replay._files import default_file_mode
+    from verl_replay.elite.search import state_path
+
+    out = tmp_path / "umask.parquet"
+    config = make_config(tiny_assets, out, limit=2, seeds_per_question=2, mutations_per_question=1, rounds=1,
+                         max_new_tokens=32, verify_workers=0, stop_after_round=0)
+    assert not run_search(config).finished
+    assert stat.S_IMODE(state_path(out).stat().st_mode) == default_file_mode() != 0o600

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import struct
 import zlib
 from collections import Counter
@@ -147,5 +148,46 @@ def test_completed_only_and_empty_log(logged_run, tmp_path):
     empty.write_text("")
     t = mod.main(["--events", str(empty), "--out-dir", str(tmp_path / "b")])
     assert t == {"deciles": [], "age": [], "steps": []}
+    assert json.loads((tmp_path / "b" / "tables.json").read_text())["settings"] == {
+        "strategy": None, "tau": None, "k_rep": None}
     for name in mod.PLOTS.values():
         _assert_png(tmp_path / "b" / name)
+
+
+def _integral(values) -> bool:
+    return all(float(v).is_integer() for v in values)
+
+
+def test_plots_show_counts_integer_ticks_and_the_runs_settings(logged_run, tmp_path):
+    path, _, _ = logged_run
+    (path.parent / "config.yaml").write_text(
+        "run_dir: x\nreplay:\n  strategy: headroom_drift\n  tau: 0.17\n  k_rep: 3\n  capacity: 40\n")
+    mod = _load_script()
+    events = mod.read_events(path)
+    tables = mod.compute_tables(events)
+    settings = mod.run_settings(path)
+    assert settings == {"strategy": "headroom_drift", "tau": 0.17, "k_rep": 3}
+    label = mod.settings_label(settings)
+    assert label == " (headroom_drift, tau=0.17, K_rep=3)"
+    assert mod.settings_label({"strategy": "naive", "tau": 0.05, "k_rep": 2}) == " (naive, K_rep=2)"
+    assert mod.settings_label(mod.run_settings(path, tau=0.5, k_rep=7)) == " (headroom_drift, tau=0.5, K_rep=7)"
+
+    deciles = mod.plot_deciles(tables["deciles"], tmp_path / "d.png", False, label)
+    ax = deciles.axes[0]
+    assert ax.get_title().endswith("(headroom_drift, tau=0.17, K_rep=3)")
+    assert [t.get_text() for t in ax.texts] == [f"n={r['groups']}" for r in tables["deciles"]] == ["n=12"] * 10
+
+    age = mod.plot_age(tables["age"], tmp_path / "a.png", label)
+    rate_ax, counts_ax = age.axes
+    assert _integral(rate_ax.get_xticks()) and _integral(counts_ax.get_yticks())
+    heights = [patch.get_height() for patch in counts_ax.patches]
+    assert heights == [r["scans"] for r in tables["age"]]  # the scans behind every rate
+    assert rate_ax.get_title().endswith("(headroom_drift, tau=0.17, K_rep=3)")
+
+    steps = mod.plot_steps(tables["steps"], tmp_path / "s.png", label, settings["k_rep"])
+    ax = steps.axes[0]
+    assert _integral(ax.get_xticks()) and _integral(ax.get_yticks())
+    assert "K_rep = 3" in [line.get_label() for line in ax.get_lines()]
+
+    mod.main(["--events", str(path), "--out-dir", str(tmp_path / "plots")])
+    assert json.loads((tmp_path / "plots" / "tables.json").read_text())["settings"]["tau"] == 0.17

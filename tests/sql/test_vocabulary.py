@@ -192,3 +192,13 @@ def test_induce_vocabulary_with_no_usable_answer(scripted_backend) -> None:
     backend = scripted_backend(lambda _: "I am not sure what strategy this query is using at all.")
     with pytest.raises(VocabularyError, match="no usable approach"):
         induce_vocabulary(["SELECT 1"], backend)
+
+
+def test_saved_vocabulary_gets_the_users_umask(tmp_path) -> None:
+    import stat
+
+    from verl_replay._files import default_file_mode
+
+    vocab = Vocabulary(approaches=(Approach("join", "Joins."), Approach("cte", "WITH.")), default="cte", reviewed=True)
+    path = save_vocabulary(vocab, tmp_path / "v.yaml")
+    assert stat.S_IMODE(path.stat().st_mode) == default_file_mode() != 0o600

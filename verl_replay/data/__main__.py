@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from verl_replay.data import prepare as prep
 
@@ -101,7 +102,10 @@ def _run(args: argparse.Namespace) -> list[prep.PreparedFile]:
             system_prompt=args.system_prompt,
             **fields,
         )
-    assets = prep.prepare_tiny(args.output, seed=args.seed, model_arch=args.model_arch, force=args.force)
+    # tiny_assets builds on prepare's row layout, so it is imported here, not from prepare.py
+    from verl_replay.data.tiny_assets import build_tiny_assets
+
+    assets = build_tiny_assets(Path(args.output), seed=args.seed, model_arch=args.model_arch, force=args.force)
     counts = assets.manifest()["counts"]
     print(f"{'built' if assets.built_now else 'reused cached'} tiny assets; model and tokenizer: {assets.model_dir}")
     return [

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -37,9 +37,6 @@ from verl_replay.data.math_benchmarks import (
 )
 from verl_replay.data.prompts import MATH_INSTRUCTION, SQL_INSTRUCTION, build_math_messages, build_sql_messages
 from verl_replay.data.schema import SQLExample, schema_text
-
-if TYPE_CHECKING:
-    from verl_replay.data.tiny_assets import TinyAssets
 
 _MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 _REWARD_MODEL = pa.struct([("style", pa.string()), ("ground_truth", pa.string())])
@@ -326,11 +323,3 @@ def prepare_math(
         rows = math_rows(examples, split=this_split, instruction=instruction, system_prompt=system_prompt)
         prepared.append(_write(rows, Path(output_dir), f"math_{name}", MATH_RL_SCHEMA, name, this_split))
     return prepared
-
-
-def prepare_tiny(
-    output_dir: str | Path, *, seed: int = 0, model_arch: str = "qwen3_5", force: bool = False
-) -> TinyAssets:
-    from verl_replay.data.tiny_assets import build_tiny_assets
-
-    return build_tiny_assets(Path(output_dir), seed=seed, model_arch=model_arch, force=force)

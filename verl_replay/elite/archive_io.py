@@ -34,6 +34,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from verl_replay._files import default_file_mode
 from verl_replay.elite.archive import (
     Elite,
     EliteArchive,
@@ -166,6 +167,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    os.fchmod(fd, default_file_mode())  # mkstemp makes 0600; the archive is shared like any output
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

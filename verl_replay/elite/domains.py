@@ -20,8 +20,8 @@ rewards). Approach = the labeler over the *extracted SQL*; descriptor =
 query is a parse failure.
 
 Math: :func:`~verl_replay.verifiers.verify_math` against each ground truth; approach = the
-labeler over the solution text (:class:`~verl_replay.math_descriptors.MathKeywordLabeler` by
-default); descriptor = :func:`~verl_replay.math_descriptors.math_descriptor` of the answer
+labeler over the solution text (:class:`~verl_replay.math.descriptor.MathKeywordLabeler` by
+default); descriptor = :func:`~verl_replay.math.descriptor.math_descriptor` of the answer
 found by :func:`~verl_replay.verifiers.extract_math_answer` and the solution's token count;
 no extractable answer is a parse failure.
 
@@ -396,7 +396,7 @@ class MathDomain(Domain):
         return body
 
     def descriptor(self, text: str) -> str:
-        from verl_replay.math_descriptors import math_descriptor
+        from verl_replay.math.descriptor import math_descriptor
 
         answer = extract_math_answer(text)
         if answer is None:
@@ -459,7 +459,7 @@ def make_domain(
 
             vocabulary = load_vocabulary()
         else:
-            from verl_replay.math_descriptors import default_math_vocabulary
+            from verl_replay.math.descriptor import default_math_vocabulary
 
             vocabulary = default_math_vocabulary()
     if vocabulary.domain != name:
@@ -474,7 +474,7 @@ def make_domain(
 
                 labeler_obj: Any = RuleBasedLabeler(vocabulary)
             else:
-                from verl_replay.math_descriptors import MathKeywordLabeler
+                from verl_replay.math.descriptor import MathKeywordLabeler
 
                 labeler_obj = MathKeywordLabeler(vocabulary)
         elif labeler == "llm":

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_replay._files import default_file_mode
 from verl_replay.elite.archive import SEED_KEY, Candidate, EliteArchive, Question
 from verl_replay.elite.archive_io import manifest_path, save_frozen_archive
 from verl_replay.elite.domains import (
@@ -283,6 +284,7 @@ def load_questions(
 def _atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, default_file_mode())  # mkstemp makes 0600; keep the user's umask
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -708,8 +710,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m verl_replay.elite.search",
         description="MAP-Elites search with a frozen base model; writes the frozen EliteReplay archive.",
     )
-    p.add_argument("--data", required=True, help="verl RL parquet of training questions")
-    p.add_argument("--model", required=True, help="frozen base model (directory; hub id for vllm)")
+    p.add_argument("--tiny", action="store_true",
+                   help="the tiny EliteReplay run's archive: tiny SQL data and model, a small budget "
+                        "(flags given as well still win)")
+    p.add_argument("--data", default=None, help="verl RL parquet of training questions (required without --tiny)")
+    p.add_argument("--model", default=None, help="frozen base model (directory; hub id for vllm; required without --tiny)")
     p.add_argument("--out", required=True, help="archive file ARCHIVE.parquet (manifest and state go next to it)")
     p.add_argument("--backend", default="hf", choices=BACKEND_CHOICES, help="hf (CPU/tests) or vllm (GPU)")
     p.add_argument("--domain", default="auto", choices=("auto", *DOMAINS), help="default: from the data's ability")
@@ -741,9 +746,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# The archive for `python -m verl_replay.main tiny_task=sql replay.strategy=elite`: its data and
+# frozen model, 16 questions, 8 seeds and 2 mutations each in one round (a few minutes on CPU).
+TINY_SEARCH = {"domain": "sql", "limit": 16, "seeds_per_question": 8, "mutations_per_question": 2,
+               "rounds": 1, "max_new_tokens": 96}
+
+
+def tiny_search_defaults() -> dict[str, Any]:
+    from verl_replay.data.tiny_assets import build_tiny_assets
+
+    assets = build_tiny_assets()
+    return {"data": str(assets.sql_train), "model": str(assets.sql_model_dir), **TINY_SEARCH}
+
+
+def parse_config(argv: Sequence[str] | None = None) -> SearchConfig:
+    """The command line as a :class:`SearchConfig`; ``--tiny`` fills in what was not given."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.tiny:
+        parser.set_defaults(**tiny_search_defaults())
+        args = parser.parse_args(argv)
+    for name in ("data", "model"):
+        if getattr(args, name) is None:
+            parser.error(f"--{name} is required (or --tiny: the tiny EliteReplay run's data and model)")
+    values = vars(args)
+    values.pop("tiny")
+    return SearchConfig(**values)
+
+
 def main(argv: Sequence[str] | None = None, *, backend: Any = None) -> int:
-    args = build_parser().parse_args(argv)
-    config = SearchConfig(**vars(args))
+    config = parse_config(argv)
     try:
         summary = run_search(config, backend=backend)
     except (SearchError, FileNotFoundError) as exc:

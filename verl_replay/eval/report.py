@@ -52,10 +52,7 @@ import sys
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from verl_replay.eval.run import EvalResult
+from typing import IO, Any, Protocol
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -73,6 +70,21 @@ RESULTS_JSON = "results.json"
 SAMPLES_JSONL = "samples.jsonl"
 TABLE_MD = "table.md"
 PASS_AT_K_PNG = "pass_at_k.png"
+
+
+class EvalResultLike(Protocol):
+    """What the writers read from :class:`verl_replay.eval.run.EvalResult`.
+
+    A protocol, so that this module does not import ``run`` (``run`` imports it to write its
+    outputs): the dependency goes one way only.
+    """
+
+    config: Any  # EvalConfig: to_dict(), ks_used, ks_skipped
+    benchmarks: Mapping[str, Any]  # name -> BenchmarkResult (to_dict())
+    averages: dict[str, Any]
+    questions: list[dict[str, Any]]
+    samples: list[dict[str, Any]]
+    timings: dict[str, float]
 
 
 # --------------------------------------------------------------------------- atomic files
@@ -120,7 +132,7 @@ def _version() -> str:
         return "unknown"
 
 
-def results_document(result: EvalResult) -> dict[str, Any]:
+def results_document(result: EvalResultLike) -> dict[str, Any]:
     """The ``results.json`` document (see the module docstring)."""
     return {
         "schema_version": SCHEMA_VERSION,
@@ -241,7 +253,7 @@ def plot_pass_at_k(doc: Mapping[str, Any], path: str | os.PathLike[str]) -> Path
 # --------------------------------------------------------------------------- all outputs
 
 
-def write_outputs(result: EvalResult, out_dir: str | os.PathLike[str]) -> dict[str, Path]:
+def write_outputs(result: EvalResultLike, out_dir: str | os.PathLike[str]) -> dict[str, Path]:
     """Write the four output files into ``out_dir``; return their paths by name."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

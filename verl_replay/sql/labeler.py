@@ -261,7 +261,7 @@ class LLMLabeler:
 
 def _default_fallback(vocabulary: Vocabulary) -> Labeler:
     if vocabulary.domain == "math":
-        from verl_replay.math_descriptors import MathKeywordLabeler
+        from verl_replay.math.descriptor import MathKeywordLabeler
 
         return MathKeywordLabeler(vocabulary)
     return RuleBasedLabeler(vocabulary)

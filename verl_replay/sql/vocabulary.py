@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from verl_replay._files import default_file_mode
+
 if TYPE_CHECKING:
     from verl_replay.generation.base import GenerationBackend
 
@@ -256,6 +258,7 @@ def save_vocabulary(
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.fchmod(fd, default_file_mode())  # mkstemp makes 0600; keep the user's umask
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

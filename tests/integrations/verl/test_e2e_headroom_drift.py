@@ -88,8 +88,11 @@ def test_headroom_drift_replay_end_to_end(run_main, tmp_path):
 
     # Interrupted after step 3 and resumed: the same selections, group for group.
     resumed = ("trainer.save_freq=3", f"replay.audit_dir={tmp_path / 'audit2'}")
-    run_main(*REPLAY, "trainer.total_training_steps=3", *resumed, experiment="hd_resumed")
-    second = run_main(*REPLAY, "trainer.total_training_steps=6", *resumed, experiment="hd_resumed")
+    resumed_dir = tmp_path / "outputs" / "hd_resumed"  # resuming names the run dir
+    run_main(*REPLAY, "trainer.total_training_steps=3", *resumed, experiment="hd_resumed", run_dir=resumed_dir)
+    second = run_main(*REPLAY, "trainer.total_training_steps=6", *resumed, experiment="hd_resumed",
+                      run_dir=resumed_dir)
+    assert "resuming outputs/hd_resumed" in second.output and "metrics.1.jsonl" in second.output
     decisions, numbers = _selection_events(second.run_dir / "replay_events.jsonl")
     expected_decisions, expected_numbers = _selection_events(run.run_dir / "replay_events.jsonl")
     assert decisions == expected_decisions

@@ -4,6 +4,8 @@ verl's runner picks the trainer from its registry by ``trainer.v1.trainer_mode``
 string is read all over verl (``trainer_mode != "sync"``), so our trainers cannot register under
 new mode names. This runner does what ``TaskRunnerV1.run`` does, resolving the trainer through
 ``replay_trainer_class(mode)`` instead; the agent loop manager is built by verl's own code.
+verl's runner pprints the whole config (~950 lines); this one does so only with ``verbose=true``
+(the driver writes the same config to ``<run_dir>/config.yaml``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class ReplayTaskRunner:
         configure_verl_logging()
         trainer_cls = replay_trainer_class(config.trainer.v1.trainer_mode)
         config.transfer_queue.enable = True
-        pprint(OmegaConf.to_container(config, resolve=True))
+        if config.get("verbose", False):
+            pprint(OmegaConf.to_container(config, resolve=True))
         OmegaConf.resolve(config)
         self.config = config
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from verl_replay.generation.base import Generation, GenerationBackend
-from verl_replay.math_descriptors import (
+from verl_replay.math.descriptor import (
     ANSWER_FORMS,
     MATH_KEYWORDS,
     MathDescriptor,

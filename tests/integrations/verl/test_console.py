@@ -1,0 +1,107 @@
+"""verl_replay.integrations.verl.console: the compact step line and verl's output routing."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from omegaconf import OmegaConf
+
+from verl_replay.config import ReplayConfig
+from verl_replay.integrations.verl.console import (
+    StepFollower,
+    describe_failure,
+    quiet_logger_backends,
+    quiet_ray_environment,
+    step_fields,
+)
+
+STEP = {"critic/score/mean": 0.4375, "actor/pg_loss": -0.0078, "actor/grad_norm": 2.66,
+        "response_length/mean": 6.9, "timing_s/step": 20.33, "actor/lr": 1e-4}
+REPLAY = {"replay/accepted": 2.0, "replay/buffer_size": 12.0, "replay/scanned": 3.0,
+          "replay/drift_accepted/mean": 0.031, "replay/replay_kl_accepted/mean": 0.0021,
+          "replay/elite/nll": 1.9, "replay/elite/examples": 8.0}
+
+
+def test_plain_grpo_shows_score_losses_length_and_time():
+    fields = step_fields(STEP, ReplayConfig.from_mapping(None))
+    assert fields == [("score", 0.4375), ("pg_loss", -0.0078), ("grad_norm", 2.66), ("resp_len", 6.9),
+                      ("time", "20.3s")]
+
+
+def test_replay_summary_follows_the_strategy():
+    data = {**STEP, **REPLAY}
+    hd = dict(step_fields(data, ReplayConfig.from_mapping({"strategy": "headroom_drift", "k_rep": 4})))
+    assert hd["replayed"] == "2/4" and hd["buffer"] == 12.0 and hd["replay_kl"] == 0.0021 and hd["drift"] == 0.031
+    assert "elite_nll" not in hd
+    nothing = dict(step_fields({**data, "replay/accepted": 0.0}, ReplayConfig.from_mapping({"strategy": "headroom_drift"})))
+    assert nothing["replayed"] == "0/16" and "drift" not in nothing and "replay_kl" not in nothing
+    naive = dict(step_fields(data, ReplayConfig.from_mapping({"strategy": "naive", "k_rep": 2})))
+    assert naive["replayed"] == "2/2" and "replay_kl" not in naive and "drift" not in naive
+    elite = dict(step_fields(data, ReplayConfig.from_mapping({"strategy": "elite", "elite": {"archive": "a"}})))
+    assert elite["elite_nll"] == 1.9 and elite["elite_rows"] == 8.0 and "replayed" not in elite
+    # a step that did not report a key simply leaves it out
+    assert "score" not in dict(step_fields({"actor/pg_loss": 0.1}, ReplayConfig.from_mapping(None)))
+
+
+def test_console_backend_is_dropped_and_file_kept():
+    for given, expected in ((["console", "file"], ["file"]), (["console"], ["file"]), ("console", ["file"]),
+                            (["wandb", "console"], ["wandb", "file"]), (["file", "wandb"], ["file", "wandb"])):
+        config = OmegaConf.create({"trainer": {"logger": given}})
+        OmegaConf.set_struct(config, True)
+        quiet_logger_backends(config)
+        assert list(config.trainer.logger) == expected, given
+
+
+def test_ray_prefixes_are_plain_unless_the_user_chose():
+    env: dict[str, str] = {}
+    quiet_ray_environment(env)
+    assert env == {"RAY_COLOR_PREFIX": "0"}
+    env = {"RAY_COLOR_PREFIX": "1"}
+    quiet_ray_environment(env)
+    assert env == {"RAY_COLOR_PREFIX": "1"}
+
+
+def test_a_ray_task_error_is_told_by_its_cause():
+    from ray.exceptions import RayTaskError
+
+    cause = ValueError("data.train_files: bad row 3\nmore detail")
+    error = RayTaskError("ReplayTaskRunner.run", "Traceback (most recent call last):\n  ...", cause)
+    assert describe_failure(error) == "ValueError: data.train_files: bad row 3"
+    assert describe_failure(RuntimeError()) == "RuntimeError"
+
+
+def test_follower_reads_each_complete_line_once_as_it_is_written(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    seen: list[tuple[int, float]] = []
+    follower = StepFollower(path, lambda step, data: seen.append((step, data["x"])), interval_s=0.02)
+    follower.start()
+
+    def writer() -> None:  # like verl's FileLogger: unbuffered writes, one JSON object per line
+        with open(path, "wb", buffering=0) as handle:
+            for step in (1, 2, 3):
+                line = json.dumps({"step": step, "data": {"x": step / 10}}).encode() + b"\n"
+                handle.write(line[:7])  # a line can arrive in pieces
+                time.sleep(0.05)
+                handle.write(line[7:])
+                time.sleep(0.05)
+            handle.write(b"not json\n")
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    thread.join()
+    follower.stop()
+    assert seen == [(1, 0.1), (2, 0.2), (3, 0.3)] and follower.steps == [1, 2, 3]
+
+
+def test_follower_starts_over_when_the_file_is_truncated(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    steps: list[int] = []
+    follower = StepFollower(path, lambda step, data: steps.append(step))
+    follower.poll()  # no file yet
+    path.write_text(json.dumps({"step": 5, "data": {}}) + "\n" + json.dumps({"step": 6, "data": {}}) + "\n")
+    follower.poll()
+    path.write_text(json.dumps({"step": 1, "data": {}}) + "\n")
+    follower.poll()
+    assert steps == [5, 6, 1]

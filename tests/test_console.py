@@ -1,0 +1,68 @@
+"""verl_replay.console: compact step lines, and fds 1/2 routed to a log file."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+from verl_replay.console import Console, format_value, step_line
+
+
+def test_format_value_keeps_four_significant_digits_and_ints():
+    assert format_value(0.43751) == "0.4375"
+    assert format_value(-0.0078020) == "-0.007802"
+    assert format_value(3.0) == "3" and format_value(7) == "7"
+    assert format_value(float("nan")) == "nan" and format_value(float("inf")) == "inf"
+    assert format_value(12345678.9) == "1.235e+07"
+    assert format_value("2/4") == "2/4" and format_value(True) == "True"
+
+
+def test_step_line():
+    assert step_line(2, 3, [("score", 0.5), ("time", "2.8s")]) == "step 2/3 | score 0.5 | time 2.8s"
+    assert step_line(4, None, []) == "step 4"
+
+
+def test_lines_and_errors_go_to_the_given_streams_without_a_bar():
+    out, err = io.StringIO(), io.StringIO()
+    console = Console(out, err)
+    console.start_progress(3)  # not a terminal: no bar
+    console.advance(1)
+    console.line("step 1/3")
+    console.error("verl_replay: failed")
+    assert out.getvalue() == "step 1/3\n" and err.getvalue() == "verl_replay: failed\n"
+
+
+SCRIPT = r"""
+import os, sys, subprocess, warnings
+from pathlib import Path
+from verl_replay.console import Console
+
+console = Console()
+early, log = Path(sys.argv[1]), Path(sys.argv[2])
+console.redirect_to(early)
+print("before the run dir")
+console.redirect_to(log, carry_over=[early])
+print("python print")
+warnings.warn("a warning")
+os.write(2, b"raw fd 2\n")
+subprocess.run([sys.executable, "-c", "print('child process')"], check=True)
+console.line("our line")
+console.error("our error")
+console.restore()
+print("restored")
+"""
+
+
+def test_redirect_sends_everything_but_our_lines_to_the_log(tmp_path):
+    early, log = tmp_path / "early.log", tmp_path / "run" / "verl.log"
+    result = subprocess.run([sys.executable, "-c", SCRIPT, str(early), str(log)], capture_output=True, text=True,
+                            check=True, cwd=tmp_path)
+    assert result.stdout == "our line\nrestored\n"
+    assert result.stderr == "our error\n"
+    text = log.read_text()
+    for expected in ("before the run dir", "python print", "UserWarning: a warning", "raw fd 2", "child process"):
+        assert expected in text, expected
+    assert text.index("before the run dir") < text.index("python print")
+    assert "our line" not in text and "restored" not in text

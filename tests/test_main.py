@@ -1,0 +1,216 @@
+"""verl_replay.main: checks before Ray starts, one folder per run, the console, exit codes.
+
+The real GRPO loop through ``python -m verl_replay.main`` is ``tests/integrations/verl/
+test_e2e_grpo.py`` (e2e). Here the start-up checks run on composed configs, and the console and
+exit codes are checked on subprocesses whose verl loop is replaced by a stand-in that prints,
+warns and writes metrics the way verl's file logger does (seconds, not minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from verl_replay.main import StartupError, planned_run_dir, startup_checks
+
+NOW = datetime(2026, 1, 2, 3, 4, 5)
+
+
+@pytest.fixture(scope="module")
+def compose():
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    import verl_replay.main
+    from verl_replay.main import register_resolvers
+
+    register_resolvers()
+    config_dir = str(Path(verl_replay.main.__file__).parent / "config")
+
+    def make(*overrides: str):
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            return hydra_compose(config_name="replay_trainer", overrides=list(overrides))
+
+    return make
+
+
+def refused(config) -> str:
+    with pytest.raises(StartupError) as error:
+        startup_checks(config, NOW)
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def sql_rows_file(path: Path, db_path: str) -> Path:
+    rows = {"prompt": [[{"role": "user", "content": "How many?"}]], "data_source": ["tiny_sql"],
+            "extra_info": [{"db_path": db_path}]}
+    pq.write_table(pa.table(rows), path)
+    return path
+
+
+# ---------------------------------------------------------------------------- start-up checks
+
+
+def test_inputs_are_checked_before_ray_starts(compose, tmp_path, tiny_assets):
+    assert refused(compose("data.train_files=/nonexistent/train.parquet")) == (
+        "data.train_files: /nonexistent/train.parquet does not exist (python -m verl_replay.data prepare ... writes one)")
+    assert refused(compose(f"data.val_files=[{tiny_assets.math_val},{tmp_path}]")).startswith(
+        f"data.val_files: {tmp_path} is a directory")
+    assert refused(compose(f"actor_rollout_ref.model.path={tmp_path}")) == (
+        f"actor_rollout_ref.model.path: {tmp_path} has no config.json (not a Hugging Face model directory)")
+    missing_db = sql_rows_file(tmp_path / "sql.parquet", str(tmp_path / "gone.sqlite"))
+    assert refused(compose("tiny_task=sql", f"data.train_files={missing_db}")) == (
+        f"data.train_files: {missing_db} row 0 names the database {tmp_path / 'gone.sqlite'}, which does not "
+        "exist (prepare the data where the databases are)")
+
+
+def test_archive_is_checked_before_ray_starts(compose, tmp_path):
+    archive = tmp_path / "archive.parquet"
+    assert refused(compose("tiny_task=sql", "replay.strategy=elite", f"replay.elite.archive={archive}")).startswith(
+        f"replay.elite.archive: {archive} does not exist")
+    archive.write_bytes(b"not an archive")
+    assert refused(compose("tiny_task=sql", "replay.strategy=elite", f"replay.elite.archive={archive}")).startswith(
+        "replay.elite.archive cannot be used for this run: ")
+
+
+def test_settings_are_checked_before_anything_else(compose):
+    assert refused(compose("replay.tau=-1")).startswith("invalid config: replay.tau must be a finite number >= 0")
+    assert "replay.k_repp (did you mean replay.k_rep?)" in refused(compose("+replay.k_repp=2"))
+    assert refused(compose("platform=gpu")) == (
+        "these settings are required and have no value: data.train_files, data.val_files, actor_rollout_ref.model.path")
+    mismatch = compose("dry_run=true", "trainer.v1.trainer_mode=separate_async",
+                       "trainer.v1.separate_async.parameter_sync_step=3")
+    assert refused(mismatch).startswith("verl refuses the config: separate_async needs data.train_batch_size ==")
+
+
+def test_the_planned_run_dir(compose, tmp_path):
+    config = compose("tiny_task=sql", "replay.strategy=naive", f"output_root={tmp_path}")
+    assert planned_run_dir(config, NOW) == tmp_path / "verl_replay" / "sql_naive-20260102-030405"
+    config = compose(f"run_dir={tmp_path / 'mine'}")
+    assert planned_run_dir(config, NOW) == tmp_path / "mine"
+
+
+def test_a_dry_run_composes_without_reading_inputs(compose, tmp_path):
+    replay, probe = startup_checks(compose("dry_run=true", "data.train_files=/elsewhere/train.parquet"), NOW)
+    assert replay.strategy == "none" and probe.data.train_files == "/elsewhere/train.parquet"
+    assert not (tmp_path / "outputs").exists()
+
+
+# ---------------------------------------------------------------------------- the command line
+
+
+def run_cli(cwd: Path, *args: str, script: str | None = None, env: dict | None = None, timeout: int = 300):
+    command = [sys.executable, *(["-c", script] if script else ["-m", "verl_replay.main"]), *args]
+    full_env = {k: v for k, v in os.environ.items() if k not in ("VERL_FILE_LOGGER_PATH", "VERL_REPLAY_OUTPUT_DIR")}
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=cwd, env={**full_env, **(env or {})}, capture_output=True, text=True,
+                            timeout=timeout)
+    return result, time.monotonic() - started
+
+
+def test_a_missing_train_file_stops_within_seconds_with_one_line(tmp_path, tiny_assets):
+    result, seconds = run_cli(tmp_path, "data.train_files=/nonexistent/train.parquet")
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and result.stderr.splitlines() == [
+        "verl_replay: data.train_files: /nonexistent/train.parquet does not exist "
+        "(python -m verl_replay.data prepare ... writes one)"]
+    assert seconds < 20
+    assert list(tmp_path.iterdir()) == []  # no run dir, no Hydra folder
+
+
+@pytest.mark.parametrize("override", ["replay.k_repp=2", "+replay.k_repp=2"])
+def test_a_misspelled_replay_key_gets_a_did_you_mean_either_way(tmp_path, override):
+    result, _ = run_cli(tmp_path, override)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("verl_replay: unknown setting(s) replay.k_repp (did you mean replay.k_rep?); ")
+    assert len(result.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_an_override_hydra_refuses_is_a_setting_error_too(tmp_path):
+    result, _ = run_cli(tmp_path, "trainer.total_training_stepz=2")
+    assert result.returncode == 2 and "Could not override 'trainer.total_training_stepz'" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# A stand-in for verl's loop: prints and warns like verl and its workers, writes metrics the way
+# verl's file logger does, prints at interpreter exit like Ray's shutdown; or fails.
+FAKE_VERL = textwrap.dedent(r'''
+    import atexit, json, os, sys, time, warnings
+    import verl_replay.main as main
+
+    def fake_run_ppo(config):
+        print("(ReplayTaskRunner pid=1) verl's own output")
+        warnings.warn("torchtitan engine is not available")
+        atexit.register(lambda: print("(raylet) a warning at exit", file=sys.stderr))
+        if os.environ["FAKE_MODE"] == "fail":
+            raise RuntimeError("the reward worker died\nsecond line")
+        assert list(config.trainer.logger) == (["console", "file"] if config.verbose else ["file"])
+        with open(os.environ["VERL_FILE_LOGGER_PATH"], "wb", buffering=0) as handle:
+            for step in (1, 2):
+                data = {"critic/score/mean": 0.25 * step, "actor/pg_loss": -0.01, "actor/grad_norm": 1.5,
+                        "timing_s/step": 3.25}
+                handle.write(json.dumps({"step": step, "data": data}).encode() + b"\n")
+                time.sleep(0.7)
+
+    main._run_ppo = fake_run_ppo
+    main.cli()
+''')
+
+
+def fake_run(tmp_path: Path, mode: str, *args: str):
+    result, _ = run_cli(tmp_path, "trainer.total_training_steps=2", *args, script=FAKE_VERL, env={"FAKE_MODE": mode})
+    runs = sorted((tmp_path / "outputs" / "verl_replay").glob("math_none-*"))
+    return result, runs
+
+
+def test_console_shows_our_lines_and_verl_log_holds_the_rest(tmp_path, tiny_assets):
+    result, runs = fake_run(tmp_path, "ok")
+    assert result.returncode == 0, result.stderr
+    assert len(runs) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
+    run_dir = runs[0]
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"verl_replay: strategy=none task=math steps=2; run dir outputs/verl_replay/{run_dir.name}"
+    assert lines[1].startswith(f"verl_replay: verl's own output goes to outputs/verl_replay/{run_dir.name}/verl.log")
+    assert lines[2:4] == ["step 1/2 | score 0.25 | pg_loss -0.01 | grad_norm 1.5 | time 3.2s",
+                          "step 2/2 | score 0.5 | pg_loss -0.01 | grad_norm 1.5 | time 3.2s"]
+    assert lines[4].startswith("verl_replay: done (2 steps, ") and "{metrics.jsonl, config.yaml, verl.log}" in lines[4]
+    assert len(lines) == 5 and result.stderr == ""  # nothing after done, no warning
+    log = (run_dir / "verl.log").read_text()
+    for expected in ("verl's own output", "torchtitan engine is not available", "a warning at exit"):
+        assert expected in log, expected
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["run_dir"] == str(run_dir) and config["replay"]["event_log"] == f"{run_dir}/replay_events.jsonl"
+    assert config["trainer"]["default_local_dir"] == f"{run_dir}/checkpoints"
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_failed_training_ends_with_one_line_and_exit_code_1(tmp_path, tiny_assets):
+    result, runs = fake_run(tmp_path, "fail")
+    assert result.returncode == 1
+    name = runs[0].name
+    assert result.stderr.splitlines() == [
+        f"verl_replay: training failed: RuntimeError: the reward worker died "
+        f"(traceback in outputs/verl_replay/{name}/verl.log)"]
+    log = (runs[0] / "verl.log").read_text()
+    assert "Traceback (most recent call last)" in log and "second line" in log
+
+
+def test_verbose_prints_verls_output_on_the_console(tmp_path, tiny_assets):
+    result, runs = fake_run(tmp_path, "ok", "verbose=true")
+    assert result.returncode == 0, result.stderr
+    assert "verl's own output" in result.stdout and "torchtitan engine is not available" in result.stderr
+    assert not (runs[0] / "verl.log").exists() and (runs[0] / "config.yaml").exists()
+    assert "step 1/2" not in result.stdout  # verl's console logger prints the steps itself

@@ -1,0 +1,57 @@
+"""verl_replay.runs: one folder per run, explicit resume, nothing of another run moved."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from verl_replay.runs import keep_previous_metrics, new_run_dir, open_run_dir, run_dir_name
+
+NOW = datetime(2026, 1, 2, 3, 4, 5)
+
+
+def test_run_dir_name_carries_the_name_and_the_time():
+    assert run_dir_name("math_none", NOW) == "math_none-20260102-030405"
+    assert run_dir_name("a/b c", NOW) == "a_b_c-20260102-030405"
+    assert run_dir_name("  ", NOW) == "run-20260102-030405"
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
+    first = new_run_dir(tmp_path / "p", "math_none", now=NOW)
+    second = new_run_dir(tmp_path / "p", "math_none", now=NOW)
+    third = new_run_dir(tmp_path / "p", "math_none", now=NOW)
+    assert [d.name for d in (first, second, third)] == [
+        "math_none-20260102-030405", "math_none-20260102-030405-2", "math_none-20260102-030405-3"]
+    assert all(d.is_dir() for d in (first, second, third))
+
+
+def test_a_new_run_never_touches_an_earlier_one(tmp_path):
+    earlier = open_run_dir(None, tmp_path, "math_none", now=NOW)
+    (earlier.path / "metrics.jsonl").write_text('{"step": 1}\n')
+    later = open_run_dir(None, tmp_path, "math_none", now=NOW)
+    assert later.path != earlier.path and not later.resumed and later.kept_metrics is None
+    assert (earlier.path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert sorted(p.name for p in earlier.path.iterdir()) == ["metrics.jsonl"]
+
+
+def test_naming_an_existing_run_dir_resumes_it_and_keeps_its_metrics(tmp_path):
+    run = tmp_path / "run"
+    first = open_run_dir(str(run), tmp_path, "ignored")
+    assert first.path == run and not first.resumed
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    second = open_run_dir(str(run), tmp_path, "ignored")
+    assert second.resumed and second.kept_metrics == run / "metrics.1.jsonl"
+    assert (run / "metrics.1.jsonl").read_text() == '{"step": 1}\n' and not (run / "metrics.jsonl").exists()
+    (run / "metrics.jsonl").write_text('{"step": 2}\n')
+    third = open_run_dir(str(run), tmp_path, "ignored")
+    assert third.kept_metrics == run / "metrics.2.jsonl"
+    assert (run / "metrics.1.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_empty_metrics_are_not_kept_and_a_file_is_not_a_run_dir(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert keep_previous_metrics(tmp_path / "metrics.jsonl") is None
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileExistsError, match="afile is a file"):
+        open_run_dir(str(tmp_path / "afile"), tmp_path, "x")

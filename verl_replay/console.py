@@ -1,0 +1,145 @@
+"""A run's console: our own lines on the terminal, everything else into the run's log file.
+
+verl, Ray and their worker processes print a lot (a config dump of ~950 lines, every metric of
+every step, import-time warnings in every process). :class:`Console` keeps the terminal for the
+lines a person reads -- a start line, a progress bar, one line per step, a done line, one-line
+errors -- and can point the process's own stdout and stderr (file descriptors 1 and 2, so C
+extensions, child processes and Ray's log forwarding follow) at a log file.
+
+The terminal streams are duplicates of fds 1 and 2 taken when the console is created, so they
+keep reaching the terminal while fds 1 and 2 point elsewhere. Stdlib only (tqdm for the bar).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import IO, Any, Optional
+
+__all__ = ["Console", "format_value", "step_line"]
+
+
+def format_value(value: Any) -> str:
+    """Short, fixed-width-ish rendering of a metric: 4 significant digits, ints as ints."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or (math.isfinite(value) and float(value).is_integer() and abs(value) < 1e6):
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+def step_line(step: int, total: Optional[int], fields: Sequence[tuple[str, Any]]) -> str:
+    """``step 2/3 | score 0.4375 | pg_loss -0.0078 | ...`` (fields given as (label, value))."""
+    head = f"step {step}/{total}" if total else f"step {step}"
+    return " | ".join([head, *(f"{label} {format_value(value)}" for label, value in fields)])
+
+
+class Console:
+    """Terminal output of one process, independent of where fds 1 and 2 point.
+
+    ``out`` / ``err`` default to duplicates of the current fds 1 and 2 (taken now); tests pass
+    their own streams.
+    """
+
+    def __init__(self, out: Optional[IO[str]] = None, err: Optional[IO[str]] = None) -> None:
+        self.out = out if out is not None else _dup_stream(1)
+        self.err = err if err is not None else _dup_stream(2)
+        self._bar: Any = None
+        self._saved: Optional[tuple[int, int]] = None
+        self.log_path: Optional[Path] = None
+
+    # ------------------------------------------------------------------ lines
+
+    def line(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.write(text, file=self.out)
+        else:
+            print(text, file=self.out, flush=True)
+
+    def error(self, text: str) -> None:
+        self.close_progress()
+        print(text, file=self.err, flush=True)
+
+    # ------------------------------------------------------------------ progress bar
+
+    def start_progress(self, total: Optional[int], initial: int = 0, desc: str = "training") -> None:
+        """A bar on the terminal's stderr; none when stderr is not a terminal (logs, CI, pipes)."""
+        from tqdm import tqdm
+
+        self.close_progress()
+        if not _isatty(self.err):
+            return
+        self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step", file=self.err,
+                         leave=False)
+
+    def advance(self, to_step: int) -> None:
+        if self._bar is not None and to_step > self._bar.n:
+            self._bar.update(to_step - self._bar.n)
+
+    def refresh(self) -> None:
+        if self._bar is not None:
+            self._bar.refresh()
+
+    def close_progress(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    # ------------------------------------------------------------------ fd redirection
+
+    def redirect_to(self, path: Path, *, carry_over: Iterable[Path] = ()) -> None:
+        """Point fds 1 and 2 at ``path`` (appending); prepend the text of ``carry_over`` files.
+
+        Calling it again moves the redirection to another file (a temporary log before the run
+        dir exists, the run dir's log after); :meth:`restore` points fds 1 and 2 back.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _flush_std()
+        with open(path, "ab") as log:
+            for earlier in carry_over:
+                log.write(Path(earlier).read_bytes())
+            log.flush()
+            if self._saved is None:
+                self._saved = (os.dup(1), os.dup(2))
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        self.log_path = path
+
+    def restore(self) -> None:
+        if self._saved is None:
+            return
+        _flush_std()
+        out, err = self._saved
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.close(out)
+        os.close(err)
+        self._saved = None
+        self.log_path = None
+
+    @property
+    def redirected(self) -> bool:
+        return self._saved is not None
+
+
+def _dup_stream(fd: int) -> IO[str]:
+    return os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace")
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError):
+            pass

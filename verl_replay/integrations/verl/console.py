@@ -1,0 +1,158 @@
+"""The console of a ``verl_replay.main`` run: verl's output routed to a file, one line per step.
+
+Where verl's console lines come from (the default tiny run printed ~1,150 lines):
+
+- the TaskRunner pprints the whole resolved config (~950 lines): ``task_runner.py`` now does so
+  only with ``verbose=true`` (``config.yaml`` in the run dir holds the same config);
+- verl's ``Tracking`` logger with the ``console`` backend prints every metric of every step on
+  one long line: :func:`quiet_logger_backends` drops that backend (the ``file`` backend writes
+  the same values to ``metrics.jsonl``, which :class:`StepFollower` reads back);
+- every Ray process imports verl, which warns that torchtitan / veomni / automodel / mindspeed /
+  megatron engines are unavailable, TransferQueue warns about its thread count on every call,
+  the agent loop warns per sample about Continuous Token builders, tqdm bars of the trainer and
+  weight loading, Ray's own start-up lines: Ray forwards all worker output to the driver's
+  stdout/stderr, which :class:`verl_replay.console.Console` points at ``verl.log``.
+
+:class:`StepFollower` tails ``metrics.jsonl`` in a driver thread and prints the compact step line
+(:func:`step_fields`), so nothing inside verl's trainer is patched for the console.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, ListConfig, open_dict
+
+from verl_replay.config import ReplayConfig
+
+__all__ = ["StepFollower", "describe_failure", "quiet_logger_backends", "quiet_ray_environment", "step_fields"]
+
+# (label, metric key): what the step line shows, when the step reported it.
+CORE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("score", "critic/score/mean"),
+    ("pg_loss", "actor/pg_loss"),
+    ("grad_norm", "actor/grad_norm"),
+    ("resp_len", "response_length/mean"),
+)
+GROUP_REPLAY_FIELDS: tuple[tuple[str, str], ...] = (
+    ("buffer", "replay/buffer_size"),
+    ("scanned", "replay/scanned"),
+)
+DRIFT_FIELDS: tuple[tuple[str, str], ...] = (
+    ("drift", "replay/drift_accepted/mean"),
+    ("replay_kl", "replay/replay_kl_accepted/mean"),
+)
+ELITE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("elite_nll", "replay/elite/nll"),
+    ("elite_rows", "replay/elite/examples"),
+)
+
+
+def step_fields(data: Mapping[str, Any], replay: ReplayConfig) -> list[tuple[str, Any]]:
+    """The (label, value) pairs of one step's compact line: score, pg loss, grad norm, response
+    length, the replay summary of the run's strategy, and the step time."""
+    fields = [(label, data[key]) for label, key in CORE_FIELDS if key in data]
+    if replay.uses_group_buffer and "replay/accepted" in data:
+        fields.append(("replayed", f"{int(data['replay/accepted'])}/{replay.k_rep}"))
+        fields += [(label, data[key]) for label, key in GROUP_REPLAY_FIELDS if key in data]
+        if replay.uses_headroom_drift and data["replay/accepted"] > 0:  # over the accepted groups
+            fields += [(label, data[key]) for label, key in DRIFT_FIELDS if key in data]
+    if replay.uses_elite:
+        fields += [(label, data[key]) for label, key in ELITE_FIELDS if key in data]
+    if "timing_s/step" in data:
+        fields.append(("time", f"{float(data['timing_s/step']):.1f}s"))
+    return fields
+
+
+def quiet_logger_backends(config: DictConfig) -> None:
+    """``trainer.logger`` without ``console`` and with ``file`` (the step lines read that file)."""
+    loggers = config.trainer.get("logger") or []
+    loggers = [loggers] if isinstance(loggers, str) else list(loggers)
+    kept = [name for name in loggers if name != "console"]
+    if "file" not in kept:
+        kept.append("file")
+    with open_dict(config.trainer):
+        config.trainer.logger = ListConfig(kept)
+
+
+def quiet_ray_environment(environ: Optional[dict[str, str]] = None) -> None:
+    """Plain text in the log file: Ray colours its ``(pid=...)`` prefixes unless told not to."""
+    env = os.environ if environ is None else environ
+    env.setdefault("RAY_COLOR_PREFIX", "0")
+
+
+def describe_failure(error: BaseException) -> str:
+    """One line for a failed run: the original exception of a Ray task error, first line only."""
+    cause = getattr(error, "cause", None)
+    cause = cause if isinstance(cause, BaseException) else error
+    lines = [line for line in str(cause).strip().splitlines() if line.strip()]
+    return f"{type(cause).__name__}: {lines[0].strip()}" if lines else type(cause).__name__
+
+
+class StepFollower:
+    """Reads ``metrics.jsonl`` as verl's file logger appends to it; calls ``on_step(step, data)``
+    once per new complete line, from a background thread (``start`` / ``stop``)."""
+
+    def __init__(self, path: Path, on_step: Callable[[int, dict[str, Any]], None], *,
+                 interval_s: float = 0.5, on_idle: Optional[Callable[[], None]] = None) -> None:
+        self.path = Path(path)
+        self.on_step = on_step
+        self.on_idle = on_idle
+        self.interval_s = interval_s
+        self.steps: list[int] = []
+        self._offset = 0
+        self._partial = b""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="verl_replay-steps", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and read what is left (the last step's line)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self.poll()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+            if self.on_idle is not None:
+                self.on_idle()
+
+    def poll(self) -> None:
+        for record in self._read_new():
+            step, data = record.get("step"), record.get("data")
+            if isinstance(step, int) and isinstance(data, dict):
+                self.steps.append(step)
+                self.on_step(step, data)
+
+    def _read_new(self) -> Sequence[dict[str, Any]]:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return []
+        if size < self._offset:  # truncated: a new logger opened the file
+            self._offset, self._partial = 0, b""
+        if size == self._offset:
+            return []
+        with open(self.path, "rb") as handle:
+            handle.seek(self._offset)
+            chunk = handle.read(size - self._offset)
+        self._offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()  # an unfinished last line waits for the next poll
+        records = []
+        for line in lines:
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # not ours to judge: verl.log keeps verl's own output
+        return records

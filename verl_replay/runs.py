@@ -1,0 +1,96 @@
+"""One folder per training run.
+
+A run without an explicit ``run_dir`` gets a new folder ``<root>/<name>-<YYYYmmdd-HHMMSS>``
+(``-2``, ``-3``, ... when that name is taken), created with an exclusive ``mkdir`` so that two
+runs started in the same second never share one. A run given an existing folder resumes it.
+
+What a run folder holds (file names used by ``verl_replay.main`` and the tools):
+
+- ``config.yaml``: the fully resolved config the run was started with;
+- ``verl.log``: everything verl, Ray and the workers printed (unless ``verbose=true``);
+- ``metrics.jsonl``: verl's file logger, one line per step (``{"step", "data"}``);
+- ``replay_events.jsonl``: the replay buffer's event log (Headroom-Drift / naive);
+- ``checkpoints/``: verl's checkpoints, when ``trainer.save_freq`` > 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+__all__ = [
+    "CONFIG_FILE",
+    "EVENTS_FILE",
+    "LOG_FILE",
+    "METRICS_FILE",
+    "RunDir",
+    "keep_previous_metrics",
+    "new_run_dir",
+    "open_run_dir",
+    "run_dir_name",
+]
+
+CONFIG_FILE = "config.yaml"
+LOG_FILE = "verl.log"
+METRICS_FILE = "metrics.jsonl"
+EVENTS_FILE = "replay_events.jsonl"
+CHECKPOINTS_DIR = "checkpoints"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+    resumed: bool  # the folder existed: this run continues it
+    kept_metrics: Optional[Path] = None  # where the earlier metrics.jsonl was moved when resuming
+
+
+def run_dir_name(name: str, now: datetime) -> str:
+    """``<name>-<YYYYmmdd-HHMMSS>``; path separators and spaces in ``name`` become ``_``."""
+    safe = re.sub(r"[\s/\\]+", "_", name.strip()) or "run"
+    return f"{safe}-{now:%Y%m%d-%H%M%S}"
+
+
+def new_run_dir(root: Path, name: str, *, now: Optional[datetime] = None) -> Path:
+    """Create and return a folder under ``root`` that did not exist before this call."""
+    base = run_dir_name(name, now or datetime.now())
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for index in itertools.count(1):
+        candidate = root / (base if index == 1 else f"{base}-{index}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def keep_previous_metrics(metrics_path: Path) -> Optional[Path]:
+    """verl's file logger truncates its file: a resumed run moves the earlier segment aside
+    to ``metrics.<k>.jsonl`` (the first free k) and returns where it went."""
+    if not metrics_path.exists() or metrics_path.stat().st_size == 0:
+        return None
+    for index in itertools.count(1):
+        kept = metrics_path.with_name(f"{metrics_path.stem}.{index}{metrics_path.suffix}")
+        if not kept.exists():
+            os.replace(metrics_path, kept)
+            return kept
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def open_run_dir(explicit: Optional[str], root: Path, name: str, *, now: Optional[datetime] = None) -> RunDir:
+    """The run's folder: ``explicit`` (created if missing, resumed if it exists) or a new one."""
+    if explicit is None:
+        return RunDir(new_run_dir(root, name, now=now).absolute(), resumed=False)
+    path = Path(explicit).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"run_dir: {path} is a file, not a folder")
+    resumed = path.is_dir() and any(path.iterdir())
+    path.mkdir(parents=True, exist_ok=True)
+    kept = keep_previous_metrics(path / METRICS_FILE) if resumed else None
+    return RunDir(path, resumed=resumed, kept_metrics=kept)
