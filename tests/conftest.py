@@ -66,3 +66,22 @@ def run_main(tmp_path):
         return outcome
 
     return run
+
+
+@pytest.fixture
+def spawn_main(tmp_path):
+    """Start verl_replay.main like ``run_main`` but without waiting: the process leads a session of
+    its own (the driver and the Ray cluster it starts), so a test can kill all of it."""
+    import os
+    import subprocess
+    import sys
+
+    def spawn(*overrides: str, experiment: str, run_dir) -> subprocess.Popen:
+        env = dict(os.environ, VERL_REPLAY_OUTPUT_DIR=str(tmp_path / "outputs"), PYTHONUNBUFFERED="1")
+        env.pop("VERL_FILE_LOGGER_PATH", None)
+        command = [sys.executable, "-m", "verl_replay.main", f"trainer.experiment_name={experiment}", *overrides,
+                   f"run_dir={run_dir}"]
+        return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+
+    return spawn

@@ -2,13 +2,13 @@
 
 One 6-step run checks that groups are scanned, accepted and rejected by the drift gate, and that
 inside the actor update the replayed rows carried their stored anchor as ``old_log_probs`` and
-their stored advantages (the loss records them with ``replay.audit_dir``). A second run is
-interrupted after step 3 and resumed from its checkpoint: it must make the same selections.
+their stored advantages (the loss records them with ``replay.audit_dir``). A second run is killed
+with SIGKILL at a random point after a checkpoint and resumed by naming its run dir: it must make
+the same selections, bitwise, as the straight run.
 """
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -45,7 +45,54 @@ def _selection_events(path) -> tuple[list[tuple], list[float]]:
     return decisions, numbers
 
 
-def test_headroom_drift_replay_end_to_end(run_main, tmp_path):
+def kill_after_checkpoint(process, latest_file, timeout_s: float = 900.0) -> int:
+    """SIGKILL the run (driver and Ray cluster) at a random moment after its checkpoint at step 2
+    or 4 was marked latest; returns that step. The moment is drawn fresh each run (and printed)."""
+    import os
+    import random
+    import signal
+    import time
+
+    import psutil
+
+    rng = random.Random()
+    target, delay = rng.choice([2, 4]), rng.uniform(0.0, 1.5)
+    print(f"killing the run {delay:.2f} s after its checkpoint at step {target}")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"the run ended (rc {process.returncode}) before its checkpoint at step {target}")
+        if latest_file.exists() and latest_file.read_text().strip() == str(target):
+            break
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"no checkpoint at step {target} within {timeout_s} s")
+        time.sleep(0.05)
+    time.sleep(delay)
+    if process.poll() is not None:
+        pytest.fail("the run ended before it could be killed")
+    tree = [process.pid] + [child.pid for child in psutil.Process(process.pid).children(recursive=True)]
+    os.killpg(process.pid, signal.SIGKILL)
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait(timeout=60)
+    psutil.wait_procs([p for p in map(_process, tree) if p is not None], timeout=60)
+    return target
+
+
+def _process(pid):
+    import psutil
+
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def test_headroom_drift_replay_end_to_end(run_main, spawn_main, tmp_path):
     audit = tmp_path / "audit"
     run = run_main(*REPLAY, "trainer.total_training_steps=6", "trainer.save_freq=6", f"replay.audit_dir={audit}",
                    experiment="hd")
@@ -86,21 +133,26 @@ def test_headroom_drift_replay_end_to_end(run_main, tmp_path):
     events = read_events(run.run_dir / "replay_events.jsonl")
     assert {e["event"] for e in events} >= {"ingress", "scan", "step"}
 
-    # Interrupted after step 3 and resumed: the same selections, group for group.
-    resumed = ("trainer.save_freq=3", f"replay.audit_dir={tmp_path / 'audit2'}")
-    resumed_dir = tmp_path / "outputs" / "hd_resumed"  # resuming names the run dir
-    run_main(*REPLAY, "trainer.total_training_steps=3", *resumed, experiment="hd_resumed", run_dir=resumed_dir)
-    second = run_main(*REPLAY, "trainer.total_training_steps=6", *resumed, experiment="hd_resumed",
-                      run_dir=resumed_dir)
-    assert "resuming outputs/hd_resumed" in second.output and "metrics.1.jsonl" in second.output
+    # Killed with SIGKILL at a random point after a checkpoint, then resumed by naming its run dir:
+    # the same selections, group for group.
+    crashed_dir = tmp_path / "outputs" / "hd_crashed"
+    checkpointed = ("trainer.save_freq=2", f"replay.audit_dir={tmp_path / 'audit2'}")
+    killed_after = kill_after_checkpoint(
+        spawn_main(*REPLAY, "trainer.total_training_steps=6", *checkpointed, experiment="hd_crashed", run_dir=crashed_dir),
+        crashed_dir / "checkpoints" / "latest_checkpointed_iteration.txt",
+    )
+    second = run_main(*REPLAY, "trainer.total_training_steps=6", *checkpointed, experiment="hd_crashed",
+                      run_dir=crashed_dir)
+    assert "resuming outputs/hd_crashed" in second.output
+    assert [m["training/global_step"] for m in second.metrics] == list(range(killed_after + 1, 7))
     decisions, numbers = _selection_events(second.run_dir / "replay_events.jsonl")
     expected_decisions, expected_numbers = _selection_events(run.run_dir / "replay_events.jsonl")
     assert decisions == expected_decisions
     # Rows reach the update in a canonical order, so the resumed run is bitwise the straight one.
     assert numbers == expected_numbers
-    assert [m["training/global_step"] for m in second.metrics] == [4, 5, 6]
-    first_segment = [json.loads(line)["data"] for line in (second.run_dir / "metrics.1.jsonl").read_text().splitlines()]
-    assert [m["training/global_step"] for m in first_segment] == [1, 2, 3]
+    # each global step's records once: the killed run's records past its checkpoint were dropped
+    steps = [e["step"] for e in read_events(second.run_dir / "replay_events.jsonl") if e["event"] == "step"]
+    assert steps == [1, 2, 3, 4, 5, 6]
 
 
 def test_skipping_the_forwards_of_replayed_rows_changes_nothing(run_main):
