@@ -60,7 +60,7 @@ def test_elite_strategies_and_sampler_kind():
         ("++replay.tua=0.1", r"replay\.tua \(did you mean replay\.tau\?\)"),
         ("replay.elite.archve=a.parquet", r"replay\.elite\.archve \(did you mean replay\.elite\.archive\?\)"),
         ("~replay.strategi", r"replay\.strategi \(did you mean replay\.strategy\?\)"),
-        ("replay.zzzz=1", r"unknown setting\(s\) replay\.zzzz; valid keys under replay are: audit_dir, "),
+        ("replay.zzzz=1", r"unknown setting\(s\) replay\.zzzz; valid keys under replay are: allow_missing_state, audit_dir, "),
     ],
 )
 def test_unknown_override_keys_get_a_did_you_mean(override, message):

@@ -192,9 +192,11 @@ def test_hard_limits_through_compute_score(db: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
-    heavy = {"rows-150x16MB", "row-100x16MB"}
+    # which limit trips first depends on the CPU: a slow one reaches the deadline, a fast one
+    # the byte cap (printf's output is counted as it is produced); both are a refusal in time
+    either_limit = {"rows-150x16MB", "row-100x16MB", "printf-width-from-rows"}
     for case in report["cases"]:
-        accepted = {case["expected"], "timeout"} if case["name"] in heavy else {case["expected"]}
+        accepted = {case["expected"], "timeout", "byte_cap"} if case["name"] in either_limit else {case["expected"]}
         assert (case["acc"], case["score"]) == (0.0, 0.0) and case["reason"] in accepted, case
         assert case["elapsed"] <= timeout + 0.5, case
     assert report["stats"]["kills"] >= 2  # at least the two quadratic string functions

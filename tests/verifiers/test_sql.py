@@ -11,6 +11,7 @@ import pytest
 from verifier_fixtures import build_db, fingerprint
 
 from verl_replay.verifiers import sql as sqlmod
+from verl_replay.verifiers import sqlite_exec
 from verl_replay.verifiers.sql import (
     REASONS,
     clear_gold_cache,
@@ -144,8 +145,8 @@ class TestInSqliteLayers:
     @pytest.mark.parametrize("statement", WRITES)
     def test_hardened_connection_refuses(self, db: Path, statement: str) -> None:
         before = fingerprint(db)
-        guard = sqlmod._Guard(time.monotonic() + 5)
-        conn = sqlmod._open_readonly(str(db), guard, 1 << 20)
+        guard = sqlite_exec._Guard(time.monotonic() + 5)
+        conn = sqlite_exec._open_readonly(str(db), guard, 1 << 20)
         with pytest.raises(sqlite3.DatabaseError):
             conn.execute(statement.format(dir=db.parent))
         conn.close()
@@ -156,7 +157,7 @@ class TestInSqliteLayers:
     def test_authorizer_alone_on_a_writable_connection(self, db: Path, statement: str) -> None:
         before = fingerprint(db)
         conn = sqlite3.connect(db, isolation_level=None)
-        conn.set_authorizer(sqlmod._Guard(time.monotonic() + 5).authorize)
+        conn.set_authorizer(sqlite_exec._Guard(time.monotonic() + 5).authorize)
         with pytest.raises(sqlite3.DatabaseError, match="not authorized"):
             conn.execute(statement)
         conn.close()
@@ -394,8 +395,8 @@ class TestPrintfGuard:
         ],
     )
     def test_min_output(self, fmt: str, args: tuple, expected: int) -> None:
-        guard = sqlmod._Guard(time.monotonic() + 5)
-        assert sqlmod._printf_min_output(fmt, args, guard) == expected
+        guard = sqlite_exec._Guard(time.monotonic() + 5)
+        assert sqlite_exec._printf_min_output(fmt, args, guard) == expected
 
     def test_many_small_paddings_are_refused_at_once(self, db: Path) -> None:
         # 2000 specifiers of 99,999 each: under any per-specifier limit, 200 MB in total
@@ -431,7 +432,7 @@ class TestSqliteLimits:
     def test_a_table_wider_than_the_column_limit_is_a_db_error(self, tmp_path: Path) -> None:
         path = tmp_path / "wide.sqlite"
         conn = sqlite3.connect(path)
-        conn.execute("CREATE TABLE w (" + ", ".join(f"c{i}" for i in range(sqlmod.MAX_COLUMNS + 1)) + ")")
+        conn.execute("CREATE TABLE w (" + ", ".join(f"c{i}" for i in range(sqlite_exec.MAX_COLUMNS + 1)) + ")")
         conn.close()
         result = verify_sql(path, "SELECT c0 FROM w", "SELECT count(*) FROM w")
         assert result.reason == "db_error" and "MAX_COLUMNS" in result.detail

@@ -49,7 +49,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from verl_replay.verifiers.sql import KILL_GRACE_S, QueryResult
+from verl_replay.verifiers.sqlite_exec import KILL_GRACE_S, QueryResult
 
 __all__ = ["SQLSandbox", "SandboxError", "get_sql_sandbox", "shutdown_sql_sandbox", "warm_sql_sandbox"]
 
@@ -103,7 +103,7 @@ def _worker_main(sock_fd: int, lifeline_fd: int, config: dict[str, Any]) -> None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_lifeline, args=(lifeline_fd,), name="sql-sandbox-lifeline", daemon=True).start()
     _apply_memory_limits(config.get("memory_limit_mb"))
-    from verl_replay.verifiers.sql import _CachedExecutor
+    from verl_replay.verifiers.sqlite_exec import _CachedExecutor
 
     conn = Connection(sock_fd)
     executor = _CachedExecutor()
