@@ -158,6 +158,26 @@ def test_split_rows_cuts_3d_nested_position_ids():
     assert torch.equal(split[1]["position_ids"], per_row[1])
 
 
+@pytest.mark.parametrize("lengths", [(45, 45, 45), (45, 44, 43)])
+def test_unbind_rows_follows_the_ragged_dimension(lengths):
+    """TransferQueue returns rows of equal length ragged in the leading dimension ([B, j, L],
+    j = 4: a GRPO group whose responses all have one length) and others ragged in the last:
+    both must give back each row's own (4, L) (a (4, 4) cut once reached the scan forward)."""
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from verl_replay.integrations.verl.rows import unbind_rows
+
+    per_row = [torch.arange(n).expand(4, n).clone() + i for i, n in enumerate(lengths)]
+    # verl's own batching: [B, 4, j] for mixed lengths, a dense [B, 4, L] for equal ones
+    constructions = [list_of_dict_to_tensordict([{"position_ids": p} for p in per_row])["position_ids"]]
+    if len(set(lengths)) == 1:
+        constructions.append(torch.nested.as_nested_tensor(per_row, layout=torch.jagged))  # [B, j, L]
+    for nested_positions in constructions:
+        rows = unbind_rows(nested_positions)
+        assert [tuple(r.shape) for r in rows] == [(4, n) for n in lengths]
+        assert all(torch.equal(a, b) for a, b in zip(rows, per_row, strict=True))
+
+
 def test_reference_log_probs_are_kept_for_a_kl_loss(group_rows):
     for row in group_rows:
         row["ref_log_prob"] = -torch.rand(len(row["responses"]))

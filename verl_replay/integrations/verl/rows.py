@@ -293,13 +293,17 @@ def unbind_rows(values: torch.Tensor) -> list[torch.Tensor]:
     """Per-row tensors of a batch tensor, nested or not.
 
     ``unbind`` of a 3-D jagged nested tensor (M-RoPE position ids, per row ``(4, L)``) splits
-    the wrong dimension (pytorch#153238); those rows are cut from the padded form instead.
+    the wrong dimension (pytorch#153238); those rows are cut from the padded form instead, along
+    the tensor's own ragged dimension: TransferQueue hands back rows of equal length as a jagged
+    tensor ragged in the *leading* dimension (``[B, j, L]``, each ``j`` = 4), rows of different
+    lengths ragged in the last (``[B, 4, j]``).
     """
     if not values.is_nested or values.dim() < 3:
         return list(values.unbind(0))
+    ragged_dim = values._ragged_idx - 1  # in a row: 0 for [B, j, L], 1 for [B, 4, j]
     lengths = values.offsets().diff().tolist()
-    padded = values.to_padded_tensor(0)  # [B, *leading, L_max]
-    return [padded[i, ..., :length].clone() for i, length in enumerate(lengths)]
+    padded = values.to_padded_tensor(0)  # [B, *row dims, ragged one padded to its max]
+    return [padded[i].narrow(ragged_dim, 0, length).clone() for i, length in enumerate(lengths)]
 
 
 def split_rows(data: Any, size: int) -> list[dict[str, Any]]:
