@@ -42,6 +42,9 @@ class MachineProbe(pf.Probe):
         names = {"flash_attn": "flash-attn", "fla": "flash-linear-attention", "causal_conv1d": "causal-conv1d"}
         return f"ModuleNotFoundError: No module named '{top}'" if names.get(top, top) in self.missing else None
 
+    def has_module(self, module):
+        return self.import_error(module) is None
+
     def torch_cuda(self):
         return self.cuda
 

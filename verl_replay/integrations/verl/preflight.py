@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -96,6 +97,13 @@ class Probe:
         except Exception as exc:  # noqa: BLE001 - a broken install raises anything at import
             return f"{type(exc).__name__}: {exc}"
         return None
+
+    def has_module(self, module: str) -> bool:
+        """Whether ``module`` is installed (found without importing it)."""
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            return False
 
     def torch_cuda(self) -> str | None:
         """CUDA version torch was built for (None: a CPU build)."""
@@ -250,16 +258,17 @@ def run_sizes(config: Mapping[str, Any], gpu_memory_gib: float = 80.0, fused_cro
 def choose_attention(requested: str, probe: Probe | None = None) -> tuple[str, bool, str]:
     """(attn_implementation, use_remove_padding, why) for ``requested`` = ``auto`` or a name.
 
-    ``auto``: flash_attention_2 with padding-free packing when flash-attn imports, else sdpa
+    ``auto``: flash_attention_2 with padding-free packing when flash-attn is installed, else sdpa
     without packing (verl packs sequences for flash attention only). An explicit name is kept.
+    Only looks the package up (no import, so it is instant); the preflight's attention check
+    then imports it.
     """
     probe = probe or Probe()
     if requested != "auto":
         return requested, requested in ATTN_FLASH, f"{requested} (asked for)"
-    error = probe.import_error("flash_attn")
-    if error is None:
+    if probe.has_module("flash_attn"):
         return "flash_attention_2", True, f"flash_attention_2 (flash-attn {probe.version('flash-attn')} is installed)"
-    return "sdpa", False, f"sdpa, no padding-free packing (flash-attn does not import: {error.splitlines()[0][:80]})"
+    return "sdpa", False, "sdpa, no padding-free packing (flash-attn is not installed)"
 
 
 # --------------------------------------------------------------------------- checks
