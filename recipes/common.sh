@@ -181,15 +181,25 @@ for name in ("model_dir", "sql_model_dir", "math_train", "math_val", "sql_train"
   eval "$assignments"
 }
 
-# placement_overrides: append the hardware placement to the array TRAIN_ARGS.
-#   full scale: verl 0.9.1's split placement (trainer.v1.trainer_mode=separate_async): training on
-#     TRAIN_NNODES x TRAIN_GPUS GPUs, vLLM rollout on ROLLOUT_NNODES x ROLLOUT_GPUS other GPUs,
-#     weights pushed over NCCL every global step, PARAMETER_SYNC_STEP actor updates per step.
-#   TINY=1: the CPU profile's single process, verl's synchronous colocated trainer (the split needs
-#     NCCL between GPUs); a global step is then one update round (PARAMETER_SYNC_STEP=1).
+# placement_overrides: append the hardware placement to the array TRAIN_ARGS: verl 0.9.1's split
+# placement (trainer.v1.trainer_mode=separate_async) at every scale, PARAMETER_SYNC_STEP update
+# rounds per global step, weights pushed to the rollout side once per global step.
+#   full scale: training on TRAIN_NNODES x TRAIN_GPUS GPUs, vLLM rollout on ROLLOUT_NNODES x
+#     ROLLOUT_GPUS other GPUs, weights over NCCL;
+#   TINY=1: the same trainer on CPU: one training worker and one rollout worker (the cpu_tiny
+#     profile's hf rollout server), weights over verl_replay's CPU engine (cpu_gloo).
 placement_overrides() {
   if is_true "$TINY"; then
-    TRAIN_ARGS+=(trainer.v1.trainer_mode=sync)
+    TRAIN_ARGS+=(
+      trainer.v1.trainer_mode=separate_async
+      actor_rollout_ref.hybrid_engine=False
+      trainer.nnodes=1
+      trainer.n_gpus_per_node=1
+      actor_rollout_ref.rollout.nnodes=1
+      actor_rollout_ref.rollout.n_gpus_per_node=1
+      actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_gloo
+      "trainer.v1.separate_async.parameter_sync_step=$PARAMETER_SYNC_STEP"
+    )
     return
   fi
   TRAIN_ARGS+=(
@@ -231,20 +241,36 @@ setup_placement() {
   return 0
 }
 
-# setup_rounds: update rounds per global step and their mini-batches.
+# setup_rounds: update rounds per global step (PARAMETER_SYNC_STEP) and their sizes.
 #   verl's separate_async step runs PARAMETER_SYNC_STEP rounds (`_step_once`), each on
-#   TRAIN_PROMPTS / PARAMETER_SYNC_STEP fresh prompts with one mini-batch of PPO_MINI_PROMPTS
-#   (verl asserts data.train_batch_size == parameter_sync_step * ppo_mini_batch_size), then pushes
-#   the weights to the rollout GPUs. TINY=1 (sync trainer) has one round per step.
+#   ROUND_PROMPTS = TRAIN_PROMPTS / PARAMETER_SYNC_STEP fresh prompts, then pushes the weights to the
+#   rollout side; verl asserts actor.ppo_mini_batch_size == ROUND_PROMPTS, i.e. one optimiser step per
+#   round. Default: one round per mini-batch of PPO_MINI_PROMPTS (verl's own layout). A recipe may set
+#   PARAMETER_SYNC_STEP first (group replay does); optimiser steps then stay PPO_MINI_PROMPTS groups
+#   (replay.ppo_mini_batch_size).
 setup_rounds() {
   require_positive TRAIN_PROMPTS PPO_MINI_PROMPTS
   ((TRAIN_PROMPTS % PPO_MINI_PROMPTS == 0)) ||
     die "TRAIN_PROMPTS ($TRAIN_PROMPTS) must be a multiple of PPO_MINI_PROMPTS ($PPO_MINI_PROMPTS)"
-  if is_true "$TINY"; then
-    PARAMETER_SYNC_STEP=1
-  else
-    PARAMETER_SYNC_STEP=$((TRAIN_PROMPTS / PPO_MINI_PROMPTS))
-  fi
+  : "${PARAMETER_SYNC_STEP:=$((TRAIN_PROMPTS / PPO_MINI_PROMPTS))}"
+  require_positive PARAMETER_SYNC_STEP
+  ((TRAIN_PROMPTS % PARAMETER_SYNC_STEP == 0)) ||
+    die "TRAIN_PROMPTS ($TRAIN_PROMPTS) must split evenly over PARAMETER_SYNC_STEP ($PARAMETER_SYNC_STEP) update rounds"
+  ROUND_PROMPTS=$((TRAIN_PROMPTS / PARAMETER_SYNC_STEP))
+}
+
+# replay_rounds FRESH REPLAY MINI: the update rounds of a global step that adds REPLAY replayed
+# groups to FRESH fresh prompts, with optimiser steps of MINI groups: the most rounds that split both
+# evenly and give every round whole optimiser steps (so every step holds the same share of replayed
+# rows, SPEC 1.6), if that is at least 2; else 2 rounds when both split evenly (toy scale: a round's
+# last step is then short), else 1.
+replay_rounds() {
+  local fresh=$1 replay=$2 mini=$3 rounds best=0
+  for ((rounds = fresh / mini; rounds >= 1; rounds--)); do
+    ((fresh % rounds == 0 && replay % rounds == 0)) || continue
+    if ((((fresh + replay) / rounds) % mini == 0)); then best=$rounds; break; fi
+  done
+  if ((best >= 2)); then echo "$best"; elif ((fresh % 2 == 0 && replay % 2 == 0 && fresh / 2 >= 1)); then echo 2; else echo 1; fi
 }
 
 # checkpoint_overrides: save verl's resumable checkpoint plus an HF model (the evaluation input).
@@ -295,7 +321,7 @@ setup_engine() {
   require_one_of ACTOR_OFFLOAD True False
   require_one_of ACTOR_PARAM_OFFLOAD True False
   if [[ "$ACTOR_PARAM_OFFLOAD" == True ]] && ((PARAMETER_SYNC_STEP > 1)); then
-    die "ACTOR_PARAM_OFFLOAD=True with $PARAMETER_SYNC_STEP update rounds per weight push: verl's separate_async snapshots pi_old with save_model_to_cpu, which assumes GPU-resident parameters; use ACTOR_OFFLOAD=True (optimizer only) or PPO_MINI_PROMPTS=TRAIN_PROMPTS"
+    die "ACTOR_PARAM_OFFLOAD=True with $PARAMETER_SYNC_STEP update rounds per weight push: verl's separate_async snapshots pi_old with save_model_to_cpu, which assumes GPU-resident parameters; use ACTOR_OFFLOAD=True (optimizer only) or PARAMETER_SYNC_STEP=1"
   fi
 }
 
@@ -321,7 +347,7 @@ print_settings() {
   local name line=""
   for name in "$@"; do line+="$name=${!name} "; done
   if is_true "$TINY"; then
-    line+="placement=cpu_tiny(sync)"
+    line+="placement=separate_async(cpu_tiny: 1 training + 1 rollout worker, cpu_gloo weight sync)"
   else
     line+="placement=separate_async(TRAIN_NNODES=$TRAIN_NNODES x TRAIN_GPUS=$TRAIN_GPUS + ROLLOUT_NNODES=$ROLLOUT_NNODES x ROLLOUT_GPUS=$ROLLOUT_GPUS, ROLLOUT_TP=$ROLLOUT_TP)"
   fi
@@ -362,7 +388,7 @@ base_train_args() {
     "data.max_response_length=$MAX_RESPONSE_LENGTH"
     "actor_rollout_ref.rollout.n=$GROUP_SIZE"
     "actor_rollout_ref.rollout.temperature=$ROLLOUT_TEMPERATURE"
-    "actor_rollout_ref.actor.ppo_mini_batch_size=$PPO_MINI_PROMPTS"
+    "actor_rollout_ref.actor.ppo_mini_batch_size=$ROUND_PROMPTS"
     "actor_rollout_ref.actor.optim.lr=$LR"
     "trainer.total_training_steps=$TOTAL_STEPS"
     "trainer.test_freq=$TEST_FREQ"
@@ -372,6 +398,8 @@ base_train_args() {
     "run_dir=$RUN_DIR"
     "replay.strategy=$STRATEGY"
   )
+  # replayed groups add optimiser steps of PPO_MINI_PROMPTS groups, whatever the round size
+  if [[ "$STRATEGY" != none ]]; then TRAIN_ARGS+=("replay.ppo_mini_batch_size=$PPO_MINI_PROMPTS"); fi
 }
 
 # setup_attention: ATTN_IMPL (auto, flash_attention_2, sdpa, eager) -> ATTN_IMPL + USE_REMOVE_PADDING.
@@ -401,13 +429,12 @@ gpu_stack_overrides() {
 
 # cluster_overrides: joining a running Ray cluster (RAY_ADDRESS is set, e.g. inside `ray job submit`).
 #   Ray refuses num_cpus / num_gpus when it joins a cluster, so the CPU profile's logical counts are
-#   dropped (the cluster's nodes declare their own); TINY=1 spreads training over NNODES nodes.
+#   dropped (the cluster's nodes declare their own). TINY=1's one training and one rollout worker then
+#   go wherever the nodes offer a slot: on a cluster of two one-slot nodes, a whole-node split with
+#   the weights sent between the nodes.
 cluster_overrides() {
   [[ -n "${RAY_ADDRESS:-}" ]] || return 0
   TRAIN_ARGS+=(ray_kwargs.ray_init.num_cpus=null ray_kwargs.ray_init.num_gpus=null)
-  if is_true "$TINY" && ((NNODES > 1)); then
-    TRAIN_ARGS+=("trainer.nnodes=$NNODES")
-  fi
 }
 
 # run_preflight GENERATION_GPUS: `python -m verl_replay.preflight` with the training overrides

@@ -59,7 +59,7 @@ absolute_model MODEL_PATH
 : "${TOTAL_STEPS:=$(pick 100 3)}"
 : "${TRAIN_PROMPTS:=$(pick 128 4)}"           # questions per global step
 : "${GROUP_SIZE:=$(pick 8 4)}"                # GRPO responses per question
-: "${PPO_MINI_PROMPTS:=$(pick 32 4)}"         # questions per actor mini-batch (= per update round)
+: "${PPO_MINI_PROMPTS:=$(pick 32 2)}"         # questions per optimiser step (= per update round)
 : "${MAX_PROMPT_LENGTH:=$(pick 16384 256)}"
 : "${MAX_RESPONSE_LENGTH:=$(pick 4096 48)}"      # tiny gold SQL is ~35 tokens
 : "${LR:=$(pick 1e-6 1e-4)}"
@@ -67,9 +67,10 @@ absolute_model MODEL_PATH
 : "${SAVE_FREQ:=$(pick 25 "$TOTAL_STEPS")}"
 : "${TEST_FREQ:=$(pick 25 -1)}"
 : "${VAL_N:=1}"                               # validation during training: greedy, one sample
-# EliteReplay: weight of the replay NLL term, archive entries per update round, sampler seed
+# EliteReplay: weight of the replay NLL term, archive entries per global step (spread over its
+# update rounds: 32 per round of the full recipe), sampler seed
 : "${MU:=0.05}"
-: "${ELITE_BATCH_SIZE:=$(pick 32 2)}"
+: "${ELITE_BATCH_SIZE:=$(pick 128 4)}"
 : "${ELITE_SEED:=0}"
 : "${EXPERIMENT:=$([[ "$STRATEGY" == none ]] && echo grpo || echo "$STRATEGY")_q${TRAIN_PROMPTS}x${GROUP_SIZE}}"
 : "${RUN_DIR:=$OUTPUT_DIR/$PROJECT/$EXPERIMENT}"

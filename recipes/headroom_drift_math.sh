@@ -58,9 +58,10 @@ absolute_model MODEL_PATH
 
 # ------------------------------------------------------------------ training sizes (SPEC 4)
 : "${TOTAL_STEPS:=$(pick 500 3)}"
+# TINY=1 keeps the full recipe's shape: 2 update rounds per global step.
 : "${TRAIN_PROMPTS:=$(pick 32 4)}"            # fresh prompts per global step (x GROUP_SIZE = b256)
 : "${GROUP_SIZE:=$(pick 8 4)}"
-: "${PPO_MINI_PROMPTS:=$(pick 8 4)}"          # fresh prompts per actor mini-batch (= per update round)
+: "${PPO_MINI_PROMPTS:=$(pick 8 2)}"          # prompts (groups) per optimiser step
 : "${MAX_PROMPT_LENGTH:=$(pick 1024 256)}"
 : "${MAX_RESPONSE_LENGTH:=$(pick 4096 24)}"
 : "${LR:=$(pick 1e-6 1e-4)}"
@@ -69,8 +70,8 @@ absolute_model MODEL_PATH
 : "${TEST_FREQ:=$(pick 50 -1)}"
 : "${VAL_N:=4}"                               # validation during training: Mean@4, sampled
 : "${VAL_TEMPERATURE:=1.0}"
-# Replay: K_REP groups per *global step* (r128 = 16 groups x 8), split evenly over the step's
-# PARAMETER_SYNC_STEP update rounds (replay.k_rep is per round); Policy Drift gate TAU.
+# Replay: K_REP groups per global step (r128 = 16 groups x 8), selected once per global step and
+# spread over its update rounds; Policy Drift gate TAU.
 : "${K_REP:=$(pick 16 2)}"
 : "${TAU:=0.08}"
 : "${REPLAY_CAPACITY:=1024}"
@@ -102,16 +103,16 @@ require_one_of WEIGHTING sign advantage
 require_one_of INGRESS answer_disagree nonzero_advantage
 require_one_of EVAL_BACKEND vllm hf
 if [[ -n "$MAX_SCAN_GROUPS" ]]; then require_positive MAX_SCAN_GROUPS; fi
+# Group replay selects up to K_REP groups once per global step and spreads them over the step's
+# rounds; the rounds are chosen so every optimiser step (PPO_MINI_PROMPTS groups) holds the same share
+# of replayed rows: b256 + r128 -> 2 rounds x 3 steps = 6 optimiser steps of 64 responses, like b384.
+if [[ "$STRATEGY" != none && -z "${PARAMETER_SYNC_STEP:-}" ]]; then
+  require_positive TRAIN_PROMPTS PPO_MINI_PROMPTS
+  PARAMETER_SYNC_STEP="$(replay_rounds "$TRAIN_PROMPTS" "$K_REP" "$PPO_MINI_PROMPTS")"
+fi
 setup_rounds
 setup_engine
 setup_attention
-if [[ "$STRATEGY" != none ]]; then
-  ((K_REP % PARAMETER_SYNC_STEP == 0)) ||
-    die "K_REP ($K_REP groups per global step) must split evenly over the step's $PARAMETER_SYNC_STEP update rounds (TRAIN_PROMPTS / PPO_MINI_PROMPTS)"
-  K_REP_PER_ROUND=$((K_REP / PARAMETER_SYNC_STEP))
-else
-  K_REP_PER_ROUND=0
-fi
 FRESH_RESPONSES=$((TRAIN_PROMPTS * GROUP_SIZE))
 REPLAY_RESPONSES=$((K_REP * GROUP_SIZE))
 case "$STRATEGY" in
@@ -126,7 +127,7 @@ absolute_paths RUN_DIR EVAL_OUT
 if [[ -n "${EVAL_MODEL:-}" ]]; then absolute_model EVAL_MODEL; fi
 
 print_settings STRATEGY STAGES TINY DRY_RUN MODEL_PATH TRAIN_FILES EVAL_FILES RUN_DIR TOTAL_STEPS TRAIN_PROMPTS \
-  GROUP_SIZE PPO_MINI_PROMPTS PARAMETER_SYNC_STEP K_REP K_REP_PER_ROUND TAU MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH ATTN_IMPL
+  GROUP_SIZE PPO_MINI_PROMPTS PARAMETER_SYNC_STEP K_REP TAU MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH ATTN_IMPL
 
 train_cmd() {
   base_train_args math
@@ -136,7 +137,7 @@ train_cmd() {
   )
   if [[ "$STRATEGY" != none ]]; then
     TRAIN_ARGS+=(
-      "replay.k_rep=$K_REP_PER_ROUND"
+      "replay.k_rep=$K_REP"
       "replay.capacity=$REPLAY_CAPACITY"
       "replay.ingress=$INGRESS"
       "replay.weighting=$WEIGHTING"

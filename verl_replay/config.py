@@ -46,9 +46,14 @@ class ReplayConfig:
     scan_chunk_groups: int = 16
     max_scan_groups: Optional[int] = None
     ingress: str = "answer_disagree"
+    # GRPO groups per optimiser step of updates that carry replay (None: actor.ppo_mini_batch_size).
+    ppo_mini_batch_size: Optional[int] = None
     event_log: Optional[str] = None
     # Debugging/verification: record what each actor micro-batch trained on for replayed rows.
     audit_dir: Optional[str] = None
+    # Debugging/verification: also run the old/ref log-prob forwards over replayed and elite rows
+    # (their results are then overwritten; the default skips them).
+    recompute_replayed_log_probs: bool = False
     elite: EliteConfig = field(default_factory=EliteConfig)
 
     # ------------------------------------------------------------------ construction
@@ -102,6 +107,13 @@ class ReplayConfig:
         _positive_int("replay.scan_chunk_groups", self.scan_chunk_groups)
         if self.max_scan_groups is not None:
             _positive_int("replay.max_scan_groups", self.max_scan_groups, hint="or null for no scan budget")
+        if not isinstance(self.recompute_replayed_log_probs, bool):
+            raise ReplayConfigError(
+                f"replay.recompute_replayed_log_probs must be true or false, got {self.recompute_replayed_log_probs!r}"
+            )
+        if self.ppo_mini_batch_size is not None:
+            _positive_int("replay.ppo_mini_batch_size", self.ppo_mini_batch_size,
+                          hint="or null for actor_rollout_ref.actor.ppo_mini_batch_size")
         if not _is_number(self.tau) or not math.isfinite(self.tau) or self.tau < 0:
             raise ReplayConfigError(
                 f"replay.tau must be a finite number >= 0 (the Policy Drift gate), got {self.tau!r}"

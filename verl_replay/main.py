@@ -43,9 +43,16 @@ def _tiny_asset(name: str) -> str:
     return str(paths[name])
 
 
+def _sum(*values: int) -> int:
+    """``${vr_sum:a,b}``: integer sum (OmegaConf has no arithmetic)."""
+    return sum(int(value) for value in values)
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver(TINY_ASSET_RESOLVER):
         OmegaConf.register_new_resolver(TINY_ASSET_RESOLVER, _tiny_asset)
+    if not OmegaConf.has_resolver("vr_sum"):
+        OmegaConf.register_new_resolver("vr_sum", _sum)
 
 
 def prepare_platform(config: DictConfig) -> None:
@@ -112,6 +119,16 @@ def check_trainer_mode(config: DictConfig) -> None:
         raise ValueError("separate_async needs actor_rollout_ref.rollout.checkpoint_engine.backend=nccl (or nixl, ...)")
 
 
+def check_replay_settings(config: DictConfig, replay_config: ReplayConfig) -> None:
+    """verl settings that would mix replayed rows into the fresh rows' numbers (SPEC 1.7)."""
+    from verl_replay.integrations.verl.guards import ReplayIncompatibleSetting, check_replay_compatible
+
+    try:
+        check_replay_compatible(config, replay_config.strategy)
+    except ReplayIncompatibleSetting as error:
+        raise SystemExit(f"verl_replay: {error}") from None
+
+
 def preflight_elite_archive(config: DictConfig, replay_config: ReplayConfig) -> None:
     from transformers import AutoTokenizer
 
@@ -137,6 +154,8 @@ def run(config: DictConfig) -> None:
     missing = [key for key in REQUIRED_KEYS if OmegaConf.select(config, key) in (None, "", [])]
     if missing:
         raise SystemExit(f"verl_replay: these settings are required and have no value: {', '.join(missing)}")
+
+    check_replay_settings(config, replay_config)
 
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config

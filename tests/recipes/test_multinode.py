@@ -167,14 +167,16 @@ def placement(tmp_path):
 def cluster(placement):
     from verl_replay.integrations.verl.preflight import placement_need
 
-    need = placement_need(placement)  # logical GPUs per node: exactly what the placement asks
+    # each node offers an equal share of the GPUs the placement needs, so Ray must use both nodes
+    need = placement_need(placement)
+    per_node = -(-need.total // 2)
     temp_dir = Path(tempfile.mkdtemp(prefix="vrray_", dir="/tmp"))  # short: Ray's socket paths
     ports = _free_ports(16)
     base = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
     base.update(
         RAY_AUTH_MODE="disabled",  # a localhost cluster of one test; real clusters keep tokens (README)
         RAY_HEAD="127.0.0.1", RAY_PORT=str(ports[0]), RAY_DASHBOARD_PORT=str(ports[1]),
-        RAY_NUM_CPUS="16", RAY_NUM_GPUS=str(need.per_node),
+        RAY_NUM_CPUS="16", RAY_NUM_GPUS=str(per_node),
         PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", PYTHONUNBUFFERED="1",
     )
     dashboard = f"http://127.0.0.1:{ports[1]}"

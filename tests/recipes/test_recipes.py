@@ -224,9 +224,13 @@ def test_headroom_drift_recipe_composes_b256_plus_r128(dry, inputs) -> None:
     data, arr, replay = config["data"], config["actor_rollout_ref"], config["replay"]
     assert (data["train_batch_size"], arr["rollout"]["n"]) == (32, 8)  # 256 fresh responses
     rounds = config["trainer"]["v1"]["separate_async"]["parameter_sync_step"]
-    assert (rounds, arr["actor"]["ppo_mini_batch_size"]) == (4, 8)
-    # K_rep = 16 groups (128 responses) per global step, spread over its 4 update rounds
-    assert replay["strategy"] == "headroom_drift" and replay["k_rep"] * rounds == 16
+    # b256 + r128 in 6 optimiser steps of 64 responses, like b384 (SPEC 1.6): 2 rounds of 16 fresh
+    # prompts + 8 replayed groups, each round 3 steps of 8 groups
+    assert (rounds, arr["actor"]["ppo_mini_batch_size"], replay["ppo_mini_batch_size"]) == (2, 16, 8)
+    fresh_per_round, replay_per_round = 32 // rounds, replay["k_rep"] // rounds
+    assert rounds * (fresh_per_round + replay_per_round) // replay["ppo_mini_batch_size"] == 6
+    # K_rep = 16 groups (128 responses) per global step, selected once per global step
+    assert replay["strategy"] == "headroom_drift" and replay["k_rep"] == 16
     assert replay["tau"] == pytest.approx(0.08) and replay["drift_norm"] == "l2" and replay["weighting"] == "sign"
     assert replay["ingress"] == "answer_disagree"
     assert arr["model"]["path"] == inputs["MODEL_PATH"]
@@ -254,8 +258,10 @@ def test_on_policy_baselines_b256_and_b384(dry) -> None:
 def test_naive_replay_baseline_r256(dry) -> None:
     config = dry["naive_r256"].config
     check_split_placement(config)
-    rounds = config["trainer"]["v1"]["separate_async"]["parameter_sync_step"]
-    assert config["replay"]["strategy"] == "naive" and config["replay"]["k_rep"] * rounds == 32
+    assert config["replay"]["strategy"] == "naive" and config["replay"]["k_rep"] == 32
+    # b256 + r256: 2 rounds of 16 fresh + 16 replayed groups, 4 steps of 8 groups each
+    assert config["trainer"]["v1"]["separate_async"]["parameter_sync_step"] == 2
+    assert config["replay"]["ppo_mini_batch_size"] == 8
     assert config["data"]["train_batch_size"] == 32
     assert config["run_dir"].endswith("/naive_b256_r256")
 
@@ -268,7 +274,7 @@ def test_naive_replay_baseline_r256(dry) -> None:
     [
         ("headroom_drift_math.sh", {"STRATEGY": "elite"}, "STRATEGY must be one of"),
         ("elite_replay_qwen4b.sh", {"STAGES": "search,tain"}, "unknown stage 'tain'"),
-        ("headroom_drift_math.sh", {"K_REP": "10"}, "K_REP (10 groups per global step) must split evenly"),
+        ("headroom_drift_math.sh", {"PARAMETER_SYNC_STEP": "3"}, "must split evenly over PARAMETER_SYNC_STEP (3)"),
         ("headroom_drift_math.sh", {"TRAIN_PROMPTS": "30"}, "must be a multiple of PPO_MINI_PROMPTS"),
         ("elite_replay_qwen4b.sh", {"TRAIN_GPUS": "3"}, "exceed GPUS_PER_NODE (4)"),
         ("elite_replay_qwen4b.sh", {"ROLLOUT_TP": "4"}, "must be a multiple of ROLLOUT_TP"),
@@ -342,7 +348,7 @@ def test_tiny_headroom_drift_recipe_runs_every_stage(tmp_path) -> None:
     metrics = _metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     accepted = [m["data"]["replay/accepted"] for m in metrics]
-    assert accepted[0] == 0 and all(a <= 2 for a in accepted)  # K_REP=2 per step, one round per step on CPU
+    assert accepted[0] == 0 and all(a <= 2 for a in accepted)  # K_REP=2 per global step (2 rounds)
     assert sum(accepted) > 0  # the tiny model drifts ~0.03-0.05 per update: TAU=0.08 admits groups
     assert (run_dir / "replay_events.jsonl").stat().st_size > 0
     hf_model = run_dir / "checkpoints" / "global_step_3" / "actor" / "huggingface"
@@ -363,8 +369,8 @@ def test_tiny_elite_recipe_runs_every_stage(tmp_path) -> None:
     run_dir = project / "elite_q4x4"
     metrics = _metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3]
-    for m in metrics:  # every update carried ELITE_BATCH_SIZE=2 archive entries into the NLL term
-        assert m["data"]["replay/elite/examples"] == 2 and m["data"]["replay/elite/archive_entries"] >= 1
+    for m in metrics:  # every global step carried ELITE_BATCH_SIZE=4 archive entries into the NLL term
+        assert m["data"]["replay/elite/examples"] == 4 and m["data"]["replay/elite/archive_entries"] >= 1
     hf_model = run_dir / "checkpoints" / "global_step_3" / "actor" / "huggingface"
     assert (hf_model / "config.json").is_file()
     _check_eval(run_dir / "eval", "tiny_sql")

@@ -97,3 +97,53 @@ def test_install_is_idempotent():
     cpu_support._installed = False
     cpu_support.install_cpu_support()
     assert transformer_impl.CPUOffloadPolicy is before
+
+
+def test_old_policy_snapshot_is_a_copy_on_cpu():
+    """Rounds >= 2 of a separate_async step restore pi_old from this snapshot: it must not alias."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from verl.utils import fsdp_utils
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+        fully_shard(model)
+        aliased, _ = fsdp_utils.fsdp2_sharded_save_to_cpu.__wrapped__(model)  # verl's own function
+        snapshot, _ = fsdp_utils.fsdp2_sharded_save_to_cpu(model)  # as patched
+        before = {name: tensor.clone() for name, (tensor, _) in snapshot.items()}
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(1.0)
+        for name, (tensor, _) in snapshot.items():
+            assert torch.equal(tensor, before[name]), f"snapshot of {name} follows the live weights"
+        # why the patch exists: verl's .cpu() on a CPU tensor is the tensor itself
+        assert any(not torch.equal(tensor, before[name]) for name, (tensor, _) in aliased.items()), (
+            "verl's fsdp2_sharded_save_to_cpu now copies on CPU: copy_old_policy_snapshot can be removed"
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sampler_polls_transfer_queue_quickly(monkeypatch):
+    import time
+
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    sampler = replay_buffer.ReplayBuffer(
+        trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+        sampler_kwargs={},
+    )
+    assert sampler.poll_interval == cpu_support.CPU_SAMPLER_POLL_INTERVAL_S
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    sampler._wait_for_next_poll("train", last_debug_time=time.time())
+    assert slept == [cpu_support.CPU_SAMPLER_POLL_INTERVAL_S], "verl's sampler no longer sleeps poll_interval"
+
+
+def test_cpu_checkpoint_engine_is_registered():
+    from verl.checkpoint_engine import CheckpointEngineRegistry
+
+    from verl_replay.integrations.verl.cpu_checkpoint_engine import BACKEND_NAME, GlooCheckpointEngine
+
+    assert CheckpointEngineRegistry.get(BACKEND_NAME) is GlooCheckpointEngine

@@ -113,3 +113,46 @@ def test_split_rows_and_key_grouping():
     assert rows[1]["tag"] == "b" and rows[1]["x"].numel() == 3
     groups = group_keys_by_uid(["u_1_0", "v_0_0", "u_0_0", "u_2_1"])
     assert groups["u"] == [(0, 0, 2), (1, 0, 0), (2, 1, 3)] and groups["v"] == [(0, 0, 1)]
+
+
+def test_mrope_position_ids_round_trip_without_a_stored_copy(group_rows):
+    """Qwen3.5 (M-RoPE) rows carry (4, L) position ids; text-only ones are arange on every row."""
+    for row in group_rows:
+        row["position_ids"] = torch.arange(row["input_ids"].numel()).expand(4, -1).clone()
+    group = rows_to_group(group_rows, anchor_field="old_log_probs")
+    assert all("position_ids" not in per_row for per_row in group.meta["per_row"])  # rebuilt, not stored
+    for original, rebuilt in zip(group_rows, group_to_rows(group, uid="x", global_steps=0)):
+        assert rebuilt["position_ids"].shape == original["position_ids"].shape
+        torch.testing.assert_close(rebuilt["position_ids"], original["position_ids"])
+
+
+def test_rollout_log_probs_are_not_stored(group_rows):
+    """A replayed row's rollout log-probs are its anchor: a stored copy would never be read."""
+    group = rows_to_group(group_rows, anchor_field="old_log_probs")
+    assert all("rollout_log_probs" not in per_row for per_row in group.meta["per_row"])
+    assert "rollout_log_probs" not in group.meta["shared"]
+
+
+def test_split_rows_cuts_3d_nested_position_ids():
+    from tensordict import TensorDict
+
+    from verl_replay.integrations.verl.rows import unbind_rows
+
+    per_row = [torch.arange(3).expand(4, 3).clone(), torch.arange(5).expand(4, 5).clone()]
+    nested_positions = torch.nested.as_nested_tensor(per_row, layout=torch.jagged)  # [B, 4, j]
+    rows = unbind_rows(nested_positions)
+    assert [r.shape for r in rows] == [(4, 3), (4, 5)]
+    assert all(torch.equal(a, b) for a, b in zip(rows, per_row))
+    split = split_rows(TensorDict({"position_ids": nested_positions}, batch_size=2), 2)
+    assert torch.equal(split[1]["position_ids"], per_row[1])
+
+
+def test_reference_log_probs_are_kept_for_a_kl_loss(group_rows):
+    for row in group_rows:
+        row["ref_log_prob"] = -torch.rand(len(row["responses"]))
+    group = rows_to_group(group_rows, anchor_field="old_log_probs")
+    from verl_replay.integrations.verl.rows import REF_LOG_PROBS_META
+
+    torch.testing.assert_close(group.meta[REF_LOG_PROBS_META], torch.cat([r["ref_log_prob"] for r in group_rows]))
+    rows = group_to_rows(group, uid="x", global_steps=0)
+    assert all("ref_log_prob" not in row for row in rows)  # written after verl's ref stage, not injected

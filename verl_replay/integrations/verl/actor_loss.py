@@ -35,6 +35,7 @@ from verl_replay.integrations.verl.rows import REPLAY_GROUP_FIELD, REPLAY_SOURCE
 ELITE_ROWS_FIELD = "elite_rows_global"
 OPTIMIZER_STEP_FIELD = "replay_optimizer_step"
 AUDIT_FIELDS = ("responses", "response_mask", "old_log_probs", "advantages")
+OPTIONAL_AUDIT_FIELDS = ("rollout_log_probs", "rollout_is_weights")
 
 
 def _row_scaled_mask(mask: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -131,16 +132,16 @@ class ReplayActorLoss:
 
     def _audit(self, data: Any, source: torch.Tensor, row_nll: Optional[torch.Tensor], loss: torch.Tensor,
                terms: Optional[dict]) -> None:
+        """Record every row of this micro-batch as the update saw it (fresh rows too: they are the
+        independent record of what a group carried when it was generated)."""
         if self.audit_dir is None:
             return
-        rows = torch.nonzero(source != SOURCE_FRESH).reshape(-1)
-        if rows.numel() == 0:
-            return
-        padded = data.select(*AUDIT_FIELDS).to_padded_tensor()
-        record: dict[str, Any] = {name: padded[name][rows].detach().cpu() for name in AUDIT_FIELDS}
-        record["prompts"] = [data["prompts"][int(i)].detach().cpu() for i in rows]
-        record[REPLAY_SOURCE_FIELD] = source[rows].cpu()
-        record[REPLAY_GROUP_FIELD] = torch.as_tensor(data[REPLAY_GROUP_FIELD]).reshape(-1)[rows].cpu()
+        names = [name for name in AUDIT_FIELDS + OPTIONAL_AUDIT_FIELDS if name in data.keys()]
+        padded = data.select(*names).to_padded_tensor()
+        record: dict[str, Any] = {name: padded[name].detach().cpu() for name in names}
+        record["prompts"] = [data["prompts"][i].detach().cpu() for i in range(source.numel())]
+        record[REPLAY_SOURCE_FIELD] = source.cpu()
+        record[REPLAY_GROUP_FIELD] = torch.as_tensor(data[REPLAY_GROUP_FIELD]).reshape(-1).cpu()
         record["loss"] = float(loss.detach())
         if OPTIMIZER_STEP_FIELD in data.keys():
             record[OPTIMIZER_STEP_FIELD] = int(data[OPTIMIZER_STEP_FIELD])

@@ -13,7 +13,18 @@ message when a verl upgrade moves it. The obstacle numbers refer to ``shared/VER
 8. ``hf`` rollout ............ ``RolloutReplicaRegistry.register`` (public) and the private
                               ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` for the adapter
 9. no pinned memory ......... private: the FSDP engine module's ``CPUOffloadPolicy`` name
-Obstacles 2, 3, 6 and 7 are configuration, set in ``verl_replay/config/cpu.yaml``.
+Obstacles 2, 3, 6 and 7 are configuration, set in ``verl_replay/config/platform/cpu_tiny.yaml``.
+
+For verl's split placement (``separate_async``) on CPU:
+
+- weight sync ............... ``cpu_checkpoint_engine`` (public ``CheckpointEngineRegistry`` +
+                              ``checkpoint_engine.custom_backend_module``)
+- old-policy snapshot ....... private: ``verl.utils.fsdp_utils.fsdp2_sharded_save_to_cpu``. The
+                              snapshot of pi_old that later update rounds restore is taken with
+                              ``.cpu()``, which on CPU returns the live parameter itself: without a
+                              copy, old log-probs of rounds >= 2 would use the current weights.
+- sampler poll .............. private: ``ReplayBuffer.poll_interval`` (a fixed 2 s sleep between
+                              TransferQueue polls, most of a tiny CPU step; shortened here only)
 """
 
 from __future__ import annotations
@@ -30,7 +41,12 @@ PRIVATE_API_PATCHES: tuple[tuple[str, str], ...] = (
     ("verl.workers.rollout.base", "_ROLLOUT_REGISTRY"),
     ("verl.workers.engine.fsdp.transformer_impl", "CPUOffloadPolicy"),
     ("verl.workers.engine_workers", "initialize_global_process_group_ray"),
+    ("verl.utils.fsdp_utils", "fsdp2_sharded_save_to_cpu"),
+    ("verl.trainer.ppo.v1.replay_buffer", "ReplayBuffer"),
 )
+# Seconds between the sampler's TransferQueue polls on CPU (verl: 2.0). Tiny rollouts finish in
+# well under a second, so verl's interval would make every CPU step mostly sleep.
+CPU_SAMPLER_POLL_INTERVAL_S = 0.05
 
 _installed = False
 
@@ -109,6 +125,52 @@ def register_hf_rollout() -> None:
     registry[("hf", "async")] = HF_ADAPTER_PATH
 
 
+def copy_old_policy_snapshot() -> None:
+    """``fsdp2_sharded_save_to_cpu`` keeps ``param._local_tensor.cpu()``: an alias on CPU. Copy it."""
+    from verl.utils import fsdp_utils
+
+    save_fn = _require(fsdp_utils, "fsdp2_sharded_save_to_cpu")
+    if getattr(save_fn, "_verl_replay_copies", False):
+        return
+
+    @functools.wraps(save_fn)
+    def save_copy(model):
+        state, spec = save_fn(model)
+        return {name: (tensor.clone(), tensor_spec) for name, (tensor, tensor_spec) in state.items()}, spec
+
+    save_copy._verl_replay_copies = True
+    fsdp_utils.fsdp2_sharded_save_to_cpu = save_copy
+
+
+def shorten_sampler_poll() -> None:
+    """verl's v1 sampler sleeps ``poll_interval`` (2 s, not configurable) between polls."""
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    sampler_cls = replay_buffer.ReplayBuffer
+    init_fn = sampler_cls.__init__
+    if getattr(init_fn, "_verl_replay_poll", False):
+        return
+    import inspect
+
+    if "poll_interval" not in inspect.signature(init_fn).parameters:
+        raise VerlPrivateApiChanged(
+            "verl_replay's CPU support sets ReplayBuffer(poll_interval=...), which this verl version does not take; "
+            "verl_replay pins verl==0.9.1"
+        )
+
+    @functools.wraps(init_fn)
+    def init_short_poll(self, *args, **kwargs):
+        init_fn(self, *args, **kwargs)
+        self.poll_interval = CPU_SAMPLER_POLL_INTERVAL_S
+
+    init_short_poll._verl_replay_poll = True
+    sampler_cls.__init__ = init_short_poll
+
+
+def register_cpu_checkpoint_engine() -> None:
+    from verl_replay.integrations.verl import cpu_checkpoint_engine  # noqa: F401  (registers on import)
+
+
 def install_cpu_support() -> None:
     """Install the CPU extensions into verl; idempotent."""
     global _installed
@@ -118,5 +180,8 @@ def install_cpu_support() -> None:
     disable_pinned_memory_in_fsdp_engine()
     use_plain_gloo_process_group()
     register_hf_rollout()
+    copy_old_policy_snapshot()
+    shorten_sampler_poll()
+    register_cpu_checkpoint_engine()
     _installed = True
     logger.info("verl_replay: CPU support installed (platform=cpu, engine=fsdp2, rollout=hf)")

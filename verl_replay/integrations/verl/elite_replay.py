@@ -1,7 +1,8 @@
-"""EliteReplay inside verl's step: frozen-archive rows added to every update (SPEC 2.5-2.6).
+"""EliteReplay inside verl's global step: frozen-archive rows added to every step (SPEC 2.5-2.6).
 
-Each update, the sampler draws ``replay.elite.batch_size`` archive entries (balanced over
-questions, then cells; or IID for the baseline). Each becomes one row: the question's prompt
+Each global step, the sampler draws ``replay.elite.batch_size`` archive entries (balanced over
+questions, then cells; or IID for the baseline), spread over the step's update rounds; they join
+the rounds' existing optimiser steps. Each becomes one row: the question's prompt
 through the run's chat template, the elite solution + eos as the response. Elite rows carry
 ``replay_source=2`` and ``loss_mask=0``: the actor loss turns them into the NLL term and keeps
 them out of the GRPO term, its token count, KL and entropy; their rewards and advantages are 0
@@ -35,7 +36,9 @@ from verl_replay.integrations.verl.rows import (
     plain,
     row_key,
     row_tag,
+    text_position_ids,
 )
+from verl_replay.integrations.verl.streams import ReplayStream, StepContext, check_row_fields, split_over_rounds
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +79,18 @@ def preflight_archive(config: ReplayConfig, *, tokenizer: Any, train_files: Sequ
     check_archive_dataset(archive.manifest or {}, train_files, config.elite.archive)
 
 
-class EliteReplayController:
-    """Owns the frozen archive and its sampler; writes elite rows into each update."""
+def _leading_shape(positions: Any) -> tuple[int, ...]:
+    if isinstance(positions, torch.Tensor) and positions.dim() > 1:
+        return tuple(int(d) for d in positions.shape[:-1])
+    return ()
+
+
+class EliteReplayStream(ReplayStream):
+    """Owns the frozen archive and its sampler; writes elite rows into every global step."""
 
     def __init__(self, config: ReplayConfig, *, tokenizer: Any, train_files: Sequence[str],
-                 max_prompt_length: int, max_response_length: int, chat_template_kwargs: Optional[dict] = None) -> None:
+                 max_prompt_length: int, max_response_length: int, chat_template_kwargs: Optional[dict] = None,
+                 has_rollout_log_probs: bool = True) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
@@ -107,7 +117,11 @@ class EliteReplayController:
         self.archive: FrozenArchive = FrozenArchive(fitting, manifest=archive.manifest)
         sampler_cls = IIDSampler if config.elite_sampler == "iid" else BalancedSampler
         self.sampler = sampler_cls(self.archive, seed=config.elite.seed)
+        self._has_rollout_log_probs = has_rollout_log_probs
+        self._step = -1
+        self._by_round: list[list[int]] = []
         self._keys: list[str] = []
+        self._stats: dict[str, float] = {}
 
     # ------------------------------------------------------------------ rows
 
@@ -131,7 +145,8 @@ class EliteReplayController:
             prompts=prompt.clone(),
             responses=response.clone(),
             input_ids=input_ids,
-            position_ids=torch.arange(input_ids.numel(), dtype=torch.int64),
+            # the layout of this batch's fresh rows: (L,), or (4, L) for M-RoPE models
+            position_ids=text_position_ids(input_ids.numel(), _leading_shape(template.get("position_ids"))),
             response_mask=torch.ones_like(response),
             # 0: elite tokens are not GRPO tokens (verl's batch_num_tokens counts loss_mask)
             loss_mask=torch.zeros_like(response),
@@ -147,50 +162,61 @@ class EliteReplayController:
             reward_model={"style": "elite_archive", "ground_truth": plain(info["ground_truth"])},
             extra_info={"question_id": entry.question_id, "approach": entry.approach, "descriptor": entry.descriptor},
         )
+        if "multi_modal_inputs" in template:
+            row["multi_modal_inputs"] = {}  # archive rows are text-only, whatever the template row holds
         row[REPLAY_SOURCE_FIELD] = torch.tensor(SOURCE_ELITE, dtype=torch.int64)
         row[REPLAY_GROUP_FIELD] = torch.tensor(-1, dtype=torch.int64)
-        return row
+        # Dataset fields the run's rows do not have (prompt, raw_prompt, rollout_log_probs, ...) are
+        # left out; check_row_fields then holds the row to exactly the fresh rows' field set.
+        return {name: value for name, value in row.items() if name in template}
 
-    def inject(self, batch: KVBatchMeta, template: dict[str, Any], step: int) -> tuple[KVBatchMeta, dict[str, float]]:
-        """Append this update's elite rows to ``batch`` (``template``: any fresh row, for the field set)."""
+    # ------------------------------------------------------------------ ReplayStream
+
+    def begin_step(self, context: StepContext) -> None:
+        """Draw this global step's archive examples (balanced or IID) and spread them over its rounds."""
+        self._step = context.step
         indices = self.sampler.sample_indices(self.config.elite.batch_size).tolist()
+        self._by_round, start = [], 0
+        for share in split_over_rounds(len(indices), context.rounds):
+            self._by_round.append(indices[start : start + share])
+            start += share
+        self._stats = {"examples": 0.0, "tokens": 0.0, "archive_entries": float(len(self.archive.entries))}
+        self._stats.update({k: float(v) for k, v in self.sampler.stats().items() if isinstance(v, (int, float))})
+
+    def inject(self, round_index: int, batch: KVBatchMeta, template: dict[str, Any]) -> tuple[KVBatchMeta, int, int]:
+        """Append this round's elite rows to ``batch`` (``template``: a fresh row, for the field set)."""
+        indices = self._by_round[round_index] if round_index < len(self._by_round) else []
         keys, tags, rows = [], [], []
         for position, index in enumerate(indices):
-            uid = f"elite-s{step}-{position}"
-            row = self._row(index, template, uid, step)
+            uid = f"elite-s{self._step}-r{round_index}-{position}"
+            row = self._row(index, template, uid, self._step)
             keys.append(row_key(uid, 0))
-            tags.append(row_tag(row, global_steps=step, replay_source=SOURCE_ELITE))
+            tags.append(row_tag(row, global_steps=self._step, replay_source=SOURCE_ELITE))
             rows.append(row)
         if rows:
+            check_row_fields(rows, template, source="EliteReplay archive")
             tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags)
         self._keys = keys
-        sampler_stats = self.sampler.stats()
-        stats = {
-            "examples": float(len(rows)),
-            "tokens": float(sum(int(r["responses"].numel()) for r in rows)),
-            "archive_entries": float(len(self.archive.entries)),
-        }
-        stats.update({k: float(v) for k, v in sampler_stats.items() if isinstance(v, (int, float))})
+        self._stats["examples"] += float(len(rows))
+        self._stats["tokens"] += float(sum(int(r["responses"].numel()) for r in rows))
         merged = KVBatchMeta(keys=list(batch.keys) + keys, tags=list(batch.tags) + tags,
                              partition_id=batch.partition_id, extra_info=batch.extra_info)
-        return merged, stats
+        return merged, 0, len(rows)
 
     @property
     def keys(self) -> list[str]:
         return list(self._keys)
 
-    # ------------------------------------------------------------------ after verl's stages
-
-    def neutralise_rollout_correction(self, partition_id: str) -> None:
+    def after_old_log_probs(self, partition_id: str, *, rollout_correction: bool) -> None:
         """Elite rows were never sampled by a rollout: their rollout log-probs are their own old
         log-probs, so rollout correction gives them weight 1 and never rejects their tokens."""
-        if not self._keys:
+        if not self._keys or not self._has_rollout_log_probs:
             return
         data = tq.kv_batch_get(keys=self._keys, partition_id=partition_id, select_fields=["old_log_probs"])
         tq.kv_batch_put(keys=self._keys, partition_id=partition_id,
                         fields=TensorDict({"rollout_log_probs": data["old_log_probs"]}, batch_size=len(self._keys)))
 
-    def zero_advantages(self, partition_id: str) -> None:
+    def after_advantages(self, partition_id: str) -> None:
         if not self._keys:
             return
         data = tq.kv_batch_get(keys=self._keys, partition_id=partition_id, select_fields=["response_mask"])
@@ -199,8 +225,12 @@ class EliteReplayController:
         fields = {"advantages": nested, "returns": torch.nested.as_nested_tensor([z.clone() for z in zeros], layout=torch.jagged)}
         tq.kv_batch_put(keys=self._keys, partition_id=partition_id, fields=TensorDict(fields, batch_size=len(self._keys)))
 
-    def end_update(self) -> None:
+    def end_round(self) -> None:
         self._keys = []
+
+    def end_step(self, batch: KVBatchMeta) -> dict[str, float]:
+        stats, self._stats, self._by_round = self._stats, {}, []
+        return stats
 
     # ------------------------------------------------------------------ state
 
@@ -213,7 +243,7 @@ class EliteReplayController:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
 
-    def load(self, folder: str | os.PathLike) -> bool:
+    def load(self, folder: str | os.PathLike, step: int) -> bool:
         path = Path(folder) / SAMPLER_FILE
         if not path.exists():
             logger.warning("no elite sampler state at %s: sampling restarts from zero counts", path)

@@ -1,9 +1,11 @@
 """verl plugin entry point (entry-point group ``verl.plugins``), loaded by ``import verl``.
 
 It runs in every process that imports verl: the driver, the TaskRunner and every Ray worker.
-On a GPU host it only registers the ``cpu`` platform class, which is never auto-detected, so
-verl behaves exactly as without us. With ``VERL_PLATFORM=cpu`` it also installs the CPU
-extensions (FSDP engine for cpu, ``hf`` rollout, gloo, no pinned memory); see ``cpu_support``.
+On a GPU host it registers the ``cpu`` platform class, which is never auto-detected, and the fixes
+of ``verl_fixes`` (verl 0.9.1 bugs on the split-placement path, applied when their module is
+imported); otherwise verl behaves exactly as without us. With ``VERL_PLATFORM=cpu`` it also
+installs the CPU extensions (FSDP engine for cpu, ``hf`` rollout, gloo, no pinned memory, the CPU
+weight-sync engine); see ``cpu_support``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ def cpu_mode_requested() -> bool:
 
 def _load() -> None:
     from verl_replay.integrations.verl import platform_cpu  # noqa: F401  (registers the platform)
+    from verl_replay.integrations.verl.verl_fixes import install_verl_fixes
+
+    install_verl_fixes()
 
     if cpu_mode_requested():
         from verl_replay.integrations.verl.cpu_support import install_cpu_support

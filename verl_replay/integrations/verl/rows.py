@@ -45,6 +45,26 @@ class GroupNotReplayable(ValueError):
     """A fresh group that cannot enter the buffer (reason in the message, counted in metrics)."""
 
 
+def is_fresh(tag: Mapping[str, Any]) -> bool:
+    """A real (not padding) row of this step's fresh rollouts."""
+    return not tag.get("is_padding", False) and tag.get(REPLAY_SOURCE_FIELD, SOURCE_FRESH) == SOURCE_FRESH
+
+
+def tensor_bytes(value: Any) -> bytes:
+    """The raw bytes of a tensor: a cheap, exact sort key for token sequences."""
+    return torch.as_tensor(value).contiguous().numpy().tobytes()
+
+
+def text_position_ids(length: int, leading: tuple[int, ...] = ()) -> torch.Tensor:
+    """Position ids of a text-only row: ``arange(length)``, repeated over ``leading`` dims.
+
+    verl gives M-RoPE models (Qwen3.5's ``Qwen3_5ForConditionalGeneration``) position ids of
+    shape ``(4, L)`` for every row: one text row and the three M-RoPE rows, which for a row
+    without images or videos all count 0..L-1 (``get_rope_index`` with no grid).
+    """
+    positions = torch.arange(length, dtype=torch.int64)
+    return positions.expand(*leading, length).clone() if leading else positions
+
 def plain(value: Any) -> Any:
     """Python/tensor value for buffer metadata: numpy arrays and scalars become lists and numbers."""
     if isinstance(value, torch.Tensor):
@@ -105,17 +125,31 @@ class RebuiltTokens:
     rm_scores: torch.Tensor
 
 
-def rebuild_tokens(prompt: torch.Tensor, response: torch.Tensor, mask: torch.Tensor, gen: torch.Tensor, score: float) -> RebuiltTokens:
+def rebuild_tokens(prompt: torch.Tensor, response: torch.Tensor, mask: torch.Tensor, gen: torch.Tensor, score: float,
+                   position_rows: tuple[int, ...] = ()) -> RebuiltTokens:
     input_ids = torch.cat([prompt, response])
     return RebuiltTokens(
         prompts=prompt,
         responses=response,
         input_ids=input_ids,
-        position_ids=torch.arange(input_ids.numel(), dtype=torch.int64),
+        position_ids=text_position_ids(input_ids.numel(), position_rows),
         response_mask=mask,
         rollout_log_probs=gen,
         rm_scores=_score_tensor(response.numel(), score),
     )
+
+
+# Group metadata key: the leading shape of the rows' position ids ((4,) for M-RoPE), when not 1-D.
+POSITION_ROWS_META = "__position_rows__"
+# Group metadata key: the reference model's log-probs of the responses (flat [L]), with a KL loss.
+REF_LOG_PROBS_META = "ref_log_probs"
+
+
+def _position_rows(row: Mapping[str, Any]) -> tuple[int, ...]:
+    positions = row.get("position_ids")
+    if isinstance(positions, torch.Tensor) and positions.dim() > 1:
+        return tuple(int(d) for d in positions.shape[:-1])
+    return ()
 
 
 def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, require_acc: bool = True) -> ReplayGroup:
@@ -129,7 +163,8 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
     if not rows:
         raise GroupNotReplayable("empty group")
     prompt = torch.as_tensor(rows[0]["prompts"]).to(torch.int64)
-    responses, masks, gens, advantages, correct, scores, overrides = [], [], [], [], [], [], []
+    position_rows = _position_rows(rows[0])
+    responses, masks, gens, advantages, correct, scores, overrides, refs = [], [], [], [], [], [], [], []
     for row in rows:
         row_prompt = torch.as_tensor(row["prompts"]).to(torch.int64)
         if not torch.equal(row_prompt, prompt):
@@ -140,9 +175,10 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
         if gen.numel() != response.numel() or mask.numel() != response.numel():
             raise GroupNotReplayable(f"{anchor_field} / response_mask do not align with responses")
         score = float(torch.as_tensor(row["rm_scores"]).to(torch.float32).sum())
-        rebuilt = rebuild_tokens(prompt, response, mask, gen, score)
+        rebuilt = rebuild_tokens(prompt, response, mask, gen, score, position_rows)
         override = {}
-        for name in ("input_ids", "position_ids", "rm_scores", "loss_mask", "rollout_log_probs"):
+        # rollout_log_probs is never kept: a replayed row's rollout log-probs are its anchor
+        for name in ("input_ids", "position_ids", "rm_scores", "loss_mask"):
             if name not in row:
                 continue
             expected = mask if name == "loss_mask" else getattr(rebuilt, name)
@@ -152,6 +188,8 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
         responses.append(response)
         masks.append(mask)
         gens.append(gen)
+        if "ref_log_prob" in row:  # with a KL loss: the frozen reference's log-probs, reused on replay
+            refs.append(torch.as_tensor(row["ref_log_prob"]).to(torch.float32).reshape(-1))
         advantages.append(_first_valid(torch.as_tensor(row["advantages"]).float(), mask))
         try:
             correct.append(correctness_bit(row))
@@ -172,6 +210,13 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
         else:
             for target, value in zip(per_row, values, strict=True):
                 target[name] = plain(value)
+    if position_rows:
+        shared[POSITION_ROWS_META] = list(position_rows)
+    meta: dict[str, Any] = {"shared": shared, "per_row": per_row, "source_uid": str(rows[0].get("uid", ""))}
+    if refs:
+        if len(refs) != len(rows) or any(r.numel() != m.numel() for r, m in zip(refs, masks)):
+            raise GroupNotReplayable("ref_log_prob does not align with responses")
+        meta[REF_LOG_PROBS_META] = torch.cat(refs)
     return ReplayGroup(
         prompt_ids=prompt,
         response_ids=torch.cat(responses),
@@ -181,7 +226,7 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
         advantages=torch.tensor(advantages, dtype=torch.float32),
         correct=torch.tensor(correct, dtype=torch.bool),
         scores=torch.tensor(scores, dtype=torch.float32),
-        meta={"shared": shared, "per_row": per_row, "source_uid": str(rows[0].get("uid", ""))},
+        meta=meta,
     )
 
 
@@ -189,7 +234,8 @@ def group_to_rows(group: ReplayGroup, *, uid: str, global_steps: int) -> list[di
     """verl rows for an injected replay group: one row per response, session ids 0..n-1."""
     offsets = group.response_offsets().tolist()
     prompt = group.prompt_ids.to(torch.int64)
-    shared = group.meta.get("shared", {})
+    shared = dict(group.meta.get("shared", {}))
+    position_rows = tuple(shared.pop(POSITION_ROWS_META, ()))
     per_row = group.meta.get("per_row", [{}] * group.n)
     rows = []
     for i in range(group.n):
@@ -197,7 +243,7 @@ def group_to_rows(group: ReplayGroup, *, uid: str, global_steps: int) -> list[di
         response = group.response_ids[start:end].to(torch.int64)
         mask = group.response_mask[start:end].to(torch.int64)
         gen = group.gen_log_probs[start:end].clone()
-        rebuilt = rebuild_tokens(prompt, response, mask, gen, float(group.scores[i]))
+        rebuilt = rebuild_tokens(prompt, response, mask, gen, float(group.scores[i]), position_rows)
         row: dict[str, Any] = {**shared, **per_row[i]}
         row.update(
             prompts=prompt.clone(),
@@ -237,13 +283,26 @@ def row_tag(row: Mapping[str, Any], *, global_steps: int, **extra: Any) -> dict[
     }
 
 
+def unbind_rows(values: torch.Tensor) -> list[torch.Tensor]:
+    """Per-row tensors of a batch tensor, nested or not.
+
+    ``unbind`` of a 3-D jagged nested tensor (M-RoPE position ids, per row ``(4, L)``) splits
+    the wrong dimension (pytorch#153238); those rows are cut from the padded form instead.
+    """
+    if not values.is_nested or values.dim() < 3:
+        return list(values.unbind(0))
+    lengths = values.offsets().diff().tolist()
+    padded = values.to_padded_tensor(0)  # [B, *leading, L_max]
+    return [padded[i, ..., :length].clone() for i, length in enumerate(lengths)]
+
+
 def split_rows(data: Any, size: int) -> list[dict[str, Any]]:
     """Rows of a TensorDict fetched from TransferQueue (nested tensors and non-tensor stacks)."""
     rows: list[dict[str, Any]] = [{} for _ in range(size)]
     for name in data.keys():
         values = data[name]
         if isinstance(values, torch.Tensor):
-            items = values.unbind(0)
+            items = unbind_rows(values)
         else:
             items = list(values)
         if len(items) != size:

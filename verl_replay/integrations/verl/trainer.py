@@ -1,14 +1,19 @@
 """verl v1 trainers with replay: ``PPOTrainerSync`` / ``PPOTrainerSeparateAsync`` plus hooks.
 
-The replay strategies plug into verl's step pipeline (``PPOTrainer._step_once``: sample ->
-reward -> balance -> old log-probs -> ref -> advantages -> actor update) by overriding the stage
-methods around it, never ``fit()`` or ``_step_once`` itself:
+The replay streams (``streams.py``: group replay, elite replay) plug into verl's step without
+copying ``fit()`` or ``_step_once``. A global step (one weight version; ``parameter_sync_step``
+update rounds under ``separate_async``, one round in ``sync``) is the replay step (SPEC 1.6):
 
-- ``_balance_batch``: select and inject replay rows (they are then balanced with the fresh rows);
-- ``_compute_old_log_prob``: replayed rows keep their stored generation-time anchor;
-- ``_compute_advantage``: replayed rows keep their stored advantages;
-- ``_update_actor``: mini-batch plan for the enlarged batch, then ingress of fresh groups;
-- ``_compute_metrics``: verl's data metrics over fresh rows only (replay reported under replay/);
+- ``step`` (wraps verl's): after the last round, each stream's ``end_step`` (ingress) and the
+  step's ``replay/`` metrics, added after verl's per-round metrics aggregation so counts and
+  seconds are totals for the global step, not averages over rounds;
+- ``_balance_batch``: in the first round each stream's ``begin_step`` (selection under the weights
+  at the start of the global step); in every round the round's replay rows are injected and the
+  round's mini-batch plan is made, then verl balances fresh and replay rows together;
+- ``_compute_old_log_prob`` / ``_compute_advantage``: replayed rows get back their stored anchor
+  and advantages (elite rows: IS weight 1, advantage 0);
+- ``_update_actor``: the round's update with its mini-batch plan;
+- ``_compute_metrics``: verl's data metrics over fresh rows only;
 - ``_save_checkpoint`` / ``_load_checkpoint``: replay state saved with verl's checkpoints.
 
 With ``replay.strategy=none`` no hook changes anything and the run is verl's own GRPO.
@@ -20,6 +25,7 @@ import contextlib
 import logging
 import math
 import os
+from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 import numpy as np
@@ -35,28 +41,45 @@ from verl.utils.debug.metrics import calculate_debug_metrics
 
 from verl_replay.config import ReplayConfig
 from verl_replay.integrations.verl.actor_loss import ReplayActorLoss
-from verl_replay.integrations.verl.group_replay import GroupReplayController, PolicyScorer
+from verl_replay.integrations.verl.group_replay import GroupReplayStream, PolicyScorer
 from verl_replay.integrations.verl.rows import (
     REPLAY_GROUP_FIELD,
     REPLAY_SOURCE_FIELD,
     SOURCE_ELITE,
     SOURCE_FRESH,
     SOURCE_GROUP_REPLAY,
+    is_fresh,
     split_rows,
+    tensor_bytes,
 )
+from verl_replay.integrations.verl.streams import ReplayStream, StepContext
 from verl_replay.minibatch import plan_mini_batches, stratified_order
 
 logger = logging.getLogger(__name__)
 
 REPLAY_STATE_DIR = "replay"
-
-
-def is_fresh(tag: dict) -> bool:
-    return not tag.get("is_padding", False) and tag.get("replay_source", SOURCE_FRESH) == SOURCE_FRESH
+# Metrics the actor loss reports (verl prefixes every loss metric with actor/).
+LOSS_METRIC_PREFIX = "actor/replay/"
 
 
 def prefixed(stats: dict[str, float], prefix: str) -> dict[str, float]:
     return {f"{prefix}{key}": float(value) for key, value in stats.items()}
+
+
+@dataclass
+class _StepTotals:
+    """What the rounds of one global step add up to."""
+
+    optimizer_steps: int = 0
+    tokens: dict[int, int] = field(default_factory=lambda: {SOURCE_FRESH: 0, SOURCE_GROUP_REPLAY: 0, SOURCE_ELITE: 0})
+
+    def metrics(self) -> dict[str, float]:
+        total = sum(self.tokens.values()) or 1
+        return {
+            "replay/optimizer_steps": float(self.optimizer_steps),
+            "replay/token_share": self.tokens[SOURCE_GROUP_REPLAY] / total,
+            "replay/elite/token_share": self.tokens[SOURCE_ELITE] / total,
+        }
 
 
 class ReplayTrainerMixin:
@@ -65,40 +88,47 @@ class ReplayTrainerMixin:
     def __init__(self, config: DictConfig) -> None:
         super().__init__(config)
         self.replay_config = ReplayConfig.from_mapping(config.get("replay"))
-        self.group_replay: Optional[GroupReplayController] = None
+        self.group_replay: Optional[GroupReplayStream] = None
         if self.replay_config.uses_group_buffer:
-            self.group_replay = GroupReplayController(self.replay_config, anchor_field=self._anchor_field())
+            self.group_replay = GroupReplayStream(self.replay_config, anchor_field=self._anchor_field())
         self.elite_replay = None  # built with the tokenizer, before any worker starts
         self._mini_batch_groups: Optional[int] = None
         self._padded_rows = 0
+        self._totals = _StepTotals()
 
     @property
     def _replay_active(self) -> bool:
         return self.group_replay is not None or self.elite_replay is not None
+
+    @property
+    def _streams(self) -> list[ReplayStream]:
+        return [stream for stream in (self.group_replay, self.elite_replay) if stream is not None]
 
     # ------------------------------------------------------------------ setup
 
     def _init_tokenizer(self) -> None:
         super()._init_tokenizer()
         if self.replay_config.uses_elite:
-            from verl_replay.integrations.verl.elite_replay import EliteReplayController
+            from verl_replay.integrations.verl.elite_replay import EliteReplayStream
 
             train_files = self.config.data.train_files
             train_files = [train_files] if isinstance(train_files, str) else list(train_files)
-            self.elite_replay = EliteReplayController(
+            self.elite_replay = EliteReplayStream(
                 self.replay_config,
                 tokenizer=self.tokenizer,
                 train_files=train_files,
                 max_prompt_length=int(self.config.data.max_prompt_length),
                 max_response_length=int(self.config.data.max_response_length),
                 chat_template_kwargs=self.config.data.get("apply_chat_template_kwargs", None),
+                has_rollout_log_probs=bool(self.config.actor_rollout_ref.rollout.calculate_log_probs),
             )
 
     def _init_resource_pool_mgr(self) -> None:
         super()._init_resource_pool_mgr()
-        if not self.replay_config.uses_elite:
+        if not (self.replay_config.uses_elite or self.replay_config.audit_dir):
             return
-        # The actor must count each mini-batch's elite rows (the NLL term's denominator).
+        # The actor must count each mini-batch's elite rows (the NLL term's denominator) and
+        # number its optimiser steps (the audit records them).
         import ray
         from verl.trainer.ppo.utils import Role
 
@@ -163,6 +193,16 @@ class ReplayTrainerMixin:
             sizes.append(arr.ref.get("log_prob_micro_batch_size_per_gpu") or 1)
         return dp_size * math.lcm(*[int(size) for size in sizes]) if sizes else dp_size
 
+    def _optimizer_step_groups(self) -> int:
+        """GRPO groups per optimiser step of an update that carries replay.
+
+        ``replay.ppo_mini_batch_size`` when set: under ``separate_async`` verl ties
+        ``actor.ppo_mini_batch_size`` to the round's fresh prompts, so this is how a replay run
+        keeps the optimiser-step size of its on-policy baseline (SPEC 1.6).
+        """
+        configured = self.replay_config.ppo_mini_batch_size
+        return int(configured if configured is not None else self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
+
     def _rollout_correction_on(self) -> bool:
         corr = self.config.algorithm.get("rollout_correction", None)
         return corr is not None and not corr.get("bypass_mode", False) and bool(
@@ -183,46 +223,71 @@ class ReplayTrainerMixin:
         finally:
             actor.ppo_mini_batch_size = configured
 
+    def _policy_scorer(self) -> PolicyScorer:
+        return PolicyScorer(
+            compute_log_prob=self.actor_rollout_wg.compute_log_prob,
+            row_multiple=self._micro_batch_rows(self._actor_dp_size(), training=False),
+            temperature=self.config.actor_rollout_ref.rollout.temperature,
+        )
+
+    # ------------------------------------------------------------------ the global step
+
+    def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        if not self._replay_active:
+            return super().step(metrics, timing_raw)
+        self._totals = _StepTotals()
+        batch = super().step(metrics, timing_raw)
+        # verl's aggregator has merged the rounds' metrics by now; replay's are totals of the step.
+        for key in [k for k in metrics if k.startswith(LOSS_METRIC_PREFIX)]:
+            metrics[key[len("actor/"):]] = metrics.pop(key)
+        if self.group_replay is not None:
+            metrics.update(prefixed(self.group_replay.end_step(batch), "replay/"))
+        if self.elite_replay is not None:
+            metrics.update(prefixed(self.elite_replay.end_step(batch), "replay/elite/"))
+        metrics.update(self._totals.metrics())
+        return batch
+
+    def _begin_replay_step(self) -> None:
+        context = StepContext(step=self.global_steps, rounds=int(self.parameter_sync_step),
+                              scorer_factory=self._policy_scorer)
+        for stream in self._streams:
+            stream.begin_step(context)
+
     # ------------------------------------------------------------------ injection + balancing
 
     def _balance_batch(self, batch: KVBatchMeta, metrics: dict, logging_prefix: str = "global_seqlen", keep_minibatch: bool = False):
         self._mini_batch_groups = None
         if not self._replay_active or logging_prefix != "global_seqlen":
             return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+        round_index = int(self.local_trigger_step)
+        if round_index == 0:
+            self._begin_replay_step()
         batch = self._canonical_order(batch)
         fresh_keys = [key for key, tag in zip(batch.keys, batch.tags) if is_fresh(tag)]
         fresh_groups = len({key.rsplit("_", 2)[0] for key in fresh_keys})
         self._mark_fresh_rows(batch)
+        template = split_rows(tq.kv_batch_get(keys=fresh_keys[:1], partition_id=batch.partition_id), 1)[0]
+        added_groups = extra_rows = 0
+        for stream in self._streams:
+            batch, groups, rows = stream.inject(round_index, batch, template)
+            added_groups += groups
+            extra_rows += rows
         dp_size = self._actor_dp_size()
-        replay_groups = 0
-        if self.group_replay is not None:
-            scorer = PolicyScorer(
-                compute_log_prob=self.actor_rollout_wg.compute_log_prob,
-                row_multiple=self._micro_batch_rows(dp_size, training=False),
-                temperature=self.config.actor_rollout_ref.rollout.temperature,
-            )
-            batch, stats = self.group_replay.inject(batch, scorer, step=self.global_steps)
-            metrics.update(prefixed(stats, "replay/"))
-            replay_groups = int(stats.get("accepted", 0))
-        elite_rows = 0
-        if self.elite_replay is not None and fresh_keys:
-            template = split_rows(tq.kv_batch_get(keys=fresh_keys[:1], partition_id=batch.partition_id), 1)[0]
-            batch, stats = self.elite_replay.inject(batch, template, step=self.global_steps)
-            metrics.update(prefixed(stats, "replay/elite/"))
-            elite_rows = int(stats["examples"])
         # Replayed groups add optimiser steps like a larger GRPO batch; elite rows join the existing
         # steps (EliteReplay mixes its NLL term into each update at a fixed weight).
         plan = plan_mini_batches(
-            num_groups=fresh_groups + replay_groups,
-            configured_groups=int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size),
+            num_groups=fresh_groups + added_groups,
+            configured_groups=self._optimizer_step_groups(),
             rows_per_group=int(self.config.actor_rollout_ref.rollout.n),
             row_multiple=self._micro_batch_rows(dp_size, training=True),
-            extra_rows=elite_rows,
+            extra_rows=extra_rows,
         )
         self._mini_batch_groups = plan.groups_per_mini_batch
         self._padded_rows = plan.padded_groups * plan.rows_per_group
-        metrics["replay/mini_batches"] = float(plan.num_mini_batches)
-        self._token_share_metrics(batch, metrics)
+        self._totals.optimizer_steps += plan.num_mini_batches
+        for tag in batch.tags:
+            if not tag.get("is_padding", False):
+                self._totals.tokens[tag.get(REPLAY_SOURCE_FIELD, SOURCE_FRESH)] += int(tag.get("response_len", 0))
         with self._planned_mini_batch_size():
             batch = super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
         return self._spread_sources_over_mini_batches(batch, dp_size, plan.num_mini_batches)
@@ -236,7 +301,7 @@ class ReplayTrainerMixin:
         for rank in range(dp_size):
             start = rank * per_rank
             categories = [
-                3 if tag.get("is_padding", False) else int(tag.get("replay_source", SOURCE_FRESH))
+                3 if tag.get("is_padding", False) else int(tag.get(REPLAY_SOURCE_FIELD, SOURCE_FRESH))
                 for tag in batch.tags[start : start + per_rank]
             ]
             order.extend(start + i for i in stratified_order(categories, num_mini_batches))
@@ -251,29 +316,18 @@ class ReplayTrainerMixin:
         return super()._get_required_batch_multiple(dp_size)
 
     @staticmethod
-    def _token_share_metrics(batch: KVBatchMeta, metrics: dict) -> None:
-        """Share of the update's response tokens from each replay stream."""
-        tokens = {SOURCE_FRESH: 0, SOURCE_GROUP_REPLAY: 0, SOURCE_ELITE: 0}
-        for tag in batch.tags:
-            if not tag.get("is_padding", False):
-                tokens[tag.get("replay_source", SOURCE_FRESH)] += int(tag.get("response_len", 0))
-        total = sum(tokens.values()) or 1
-        metrics["replay/token_share"] = tokens[SOURCE_GROUP_REPLAY] / total
-        metrics["replay/elite/token_share"] = tokens[SOURCE_ELITE] / total
-
-    @staticmethod
     def _canonical_order(batch: KVBatchMeta) -> KVBatchMeta:
         """Fresh rows in an order set by their tokens, not by rollout completion order.
 
         TransferQueue hands rows over as they finish, so verl's balancing (and with it the
         micro-batches and the float summation order of the gradient) would change from run to run;
         replay decisions sit on thresholds (the drift gate), so a resumed run could then decide
-        differently from the straight one.
+        differently from the straight one. The key is the tokens' raw bytes (exact and cheap).
         """
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts", "responses"])
         prompts, responses = data["prompts"].unbind(0), data["responses"].unbind(0)
-        order = sorted(range(len(batch.keys)), key=lambda i: (prompts[i].tolist(), responses[i].tolist(), i))
-        batch.reorder(order)
+        keys = [(tensor_bytes(prompts[i]), tensor_bytes(responses[i]), i) for i in range(len(batch.keys))]
+        batch.reorder([key[-1] for key in sorted(keys)])
         return batch
 
     def _mark_fresh_rows(self, batch: KVBatchMeta) -> None:
@@ -288,16 +342,68 @@ class ReplayTrainerMixin:
     # ------------------------------------------------------------------ stored anchor / advantages
 
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        batch = super()._compute_old_log_prob(batch, metrics)
         if not self._replay_active:
-            return batch
-        if any(not is_fresh(tag) and not tag.get("is_padding", False) for tag in batch.tags):
-            self._fresh_log_prob_metrics(batch, metrics)
-        if self.group_replay is not None:
-            self.group_replay.restore_anchor(batch.partition_id, rollout_correction=self._rollout_correction_on())
-        if self.elite_replay is not None and self.config.actor_rollout_ref.rollout.calculate_log_probs:
-            self.elite_replay.neutralise_rollout_correction(batch.partition_id)
+            return super()._compute_old_log_prob(batch, metrics)
+        forward = self._forward_rows(batch)
+        if forward is batch:
+            batch = super()._compute_old_log_prob(batch, metrics)
+            if self._has_replay_rows(batch):
+                self._fresh_log_prob_metrics(batch, metrics)
+        else:
+            # Replayed rows keep their stored anchor and elite rows need none: only fresh rows go
+            # through the forward (verl's entropy and rollout-vs-actor metrics are then theirs alone).
+            super()._compute_old_log_prob(forward, metrics)
+            self._fill_skipped_rows(batch, forward, ("old_log_probs", "entropy"))
+        for stream in self._streams:
+            stream.after_old_log_probs(batch.partition_id, rollout_correction=self._rollout_correction_on())
         return batch
+
+    def _compute_ref_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        if not self._replay_active:
+            return super()._compute_ref_log_prob(batch, metrics)
+        forward = self._forward_rows(batch)
+        if forward is batch:
+            batch = super()._compute_ref_log_prob(batch, metrics)
+        else:
+            super()._compute_ref_log_prob(forward, metrics)
+            self._fill_skipped_rows(batch, forward, ("ref_log_prob",))
+        for stream in self._streams:
+            stream.after_ref_log_probs(batch.partition_id)
+        return batch
+
+    @staticmethod
+    def _has_replay_rows(batch: KVBatchMeta) -> bool:
+        return any(not is_fresh(tag) and not tag.get("is_padding", False) for tag in batch.tags)
+
+    def _forward_rows(self, batch: KVBatchMeta) -> KVBatchMeta:
+        """The rows whose log-probs are needed: the fresh ones (plus padding rows where the
+        data-parallel dispatch needs them). ``batch`` itself when there is nothing to skip."""
+        if self.replay_config.recompute_replayed_log_probs or not self._has_replay_rows(batch):
+            return batch
+        multiple = self._micro_batch_rows(self._actor_dp_size(), training=False)
+        fresh = [i for i, tag in enumerate(batch.tags) if is_fresh(tag)]
+        padding = [i for i, tag in enumerate(batch.tags) if tag.get("is_padding", False)]
+        short = (-len(fresh)) % multiple
+        if short > len(padding):
+            return batch
+        keep = sorted(fresh + padding[:short])
+        return KVBatchMeta(keys=[batch.keys[i] for i in keep], tags=[batch.tags[i] for i in keep],
+                           partition_id=batch.partition_id, extra_info=batch.extra_info)
+
+    @staticmethod
+    def _fill_skipped_rows(batch: KVBatchMeta, forward: KVBatchMeta, fields: tuple[str, ...]) -> None:
+        """Zeros of each row's response length for the rows left out of a forward: every row must
+        carry every field (TransferQueue drops a field that some rows lack). The replay streams then
+        write what those rows keep (the stored anchor, the stored reference log-probs)."""
+        computed = set(forward.keys)
+        skipped = [key for key in batch.keys if key not in computed]
+        if not skipped:
+            return
+        lengths = tq.kv_batch_get(keys=skipped, partition_id=batch.partition_id,
+                                  select_fields=["response_mask"])["response_mask"].offsets().diff().tolist()
+        values = {name: torch.nested.as_nested_tensor([torch.zeros(int(n), dtype=torch.float32) for n in lengths],
+                                                      layout=torch.jagged) for name in fields}
+        tq.kv_batch_put(keys=skipped, partition_id=batch.partition_id, fields=TensorDict(values, batch_size=len(skipped)))
 
     def _fresh_log_prob_metrics(self, batch: KVBatchMeta, metrics: dict) -> None:
         """verl's entropy and rollout-vs-actor diagnostics, recomputed over fresh rows only."""
@@ -320,25 +426,45 @@ class ReplayTrainerMixin:
             metrics.update(calculate_debug_metrics(data))
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        fresh_rollout_corr = self._fresh_rollout_corr_metrics(batch) if self._replay_active else {}
         batch = super()._compute_advantage(batch, metrics)
-        if self.group_replay is not None:
-            self.group_replay.restore_advantages(batch.partition_id)
-        if self.elite_replay is not None:
-            self.elite_replay.zero_advantages(batch.partition_id)
+        metrics.update(fresh_rollout_corr)
+        for stream in self._streams:
+            stream.after_advantages(batch.partition_id)
         return batch
 
-    # ------------------------------------------------------------------ update + ingress
+    def _fresh_rollout_corr_metrics(self, batch: KVBatchMeta) -> dict[str, float]:
+        """verl's ``rollout_corr/*`` metrics over the fresh rows only (SPEC 1.7): replayed and elite
+        rows have IS weight 1 and no off-policy gap, so over the whole batch they dilute them."""
+        corr = self.config.algorithm.get("rollout_correction", None)
+        if corr is None or corr.get("bypass_mode", False) or not self.config.actor_rollout_ref.rollout.calculate_log_probs:
+            return {}
+        keys = [key for key, tag in zip(batch.keys, batch.tags) if is_fresh(tag)]
+        if not keys or len(keys) == sum(not tag.get("is_padding", False) for tag in batch.tags):
+            return {}  # no replay rows in this round: verl's own numbers are the fresh ones
+        from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
+        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields).to_padded_tensor()
+        _, _, fresh_metrics = compute_rollout_correction_and_rejection_mask(
+            old_log_prob=data["old_log_probs"],  # [B_fresh, T]
+            rollout_log_prob=data["rollout_log_probs"],
+            response_mask=data["response_mask"],
+            rollout_is=corr.get("rollout_is", None),
+            rollout_is_threshold=corr.get("rollout_is_threshold", 2.0),
+            rollout_is_batch_normalize=corr.get("rollout_is_batch_normalize", False),
+            rollout_rs=corr.get("rollout_rs", None),
+            rollout_rs_threshold=corr.get("rollout_rs_threshold", None),
+        )
+        return {key: float(value) for key, value in fresh_metrics.items()}
+
+    # ------------------------------------------------------------------ update
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         with self._planned_mini_batch_size():
             batch = super()._update_actor(batch, metrics)
-        # The loss reports its replay terms; verl prefixes every loss metric with actor/.
-        for key in [k for k in metrics if k.startswith("actor/replay/")]:
-            metrics[key[len("actor/"):]] = metrics.pop(key)
-        if self.group_replay is not None:
-            metrics.update(prefixed(self.group_replay.admit(batch, step=self.global_steps), "replay/"))
-        if self.elite_replay is not None:
-            self.elite_replay.end_update()
+        for stream in self._streams:
+            stream.end_round()
         return batch
 
     # ------------------------------------------------------------------ metrics
@@ -346,7 +472,7 @@ class ReplayTrainerMixin:
     def _compute_metrics(self, batch: KVBatchMeta, metrics, timing_raw, global_steps, epoch):
         if not self._replay_active:
             return super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
-        keep = [i for i, tag in enumerate(batch.tags) if tag.get("replay_source", SOURCE_FRESH) == SOURCE_FRESH]
+        keep = [i for i, tag in enumerate(batch.tags) if tag.get(REPLAY_SOURCE_FIELD, SOURCE_FRESH) == SOURCE_FRESH]
         fresh = KVBatchMeta(
             keys=[batch.keys[i] for i in keep],
             tags=[batch.tags[i] for i in keep],
@@ -358,7 +484,7 @@ class ReplayTrainerMixin:
 
     def _replay_score_metrics(self, batch: KVBatchMeta, metrics: dict) -> None:
         """Scores of the replayed rows as generated (they are kept out of critic/score)."""
-        keys = [key for key, tag in zip(batch.keys, batch.tags) if tag.get("replay_source", 0) == SOURCE_GROUP_REPLAY]
+        keys = [key for key, tag in zip(batch.keys, batch.tags) if tag.get(REPLAY_SOURCE_FIELD, 0) == SOURCE_GROUP_REPLAY]
         if not keys:
             return
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["rm_scores"])
@@ -376,10 +502,8 @@ class ReplayTrainerMixin:
         folder = self._replay_state_folder(
             os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         )
-        if self.group_replay is not None:
-            self.group_replay.save(folder)
-        if self.elite_replay is not None:
-            self.elite_replay.save(folder)
+        for stream in self._streams:
+            stream.save(folder)
         super()._save_checkpoint()
 
     def _load_checkpoint(self) -> None:
@@ -397,10 +521,8 @@ class ReplayTrainerMixin:
         if not os.path.isabs(folder):
             folder = os.path.join(os.getcwd(), folder)
         folder = self._replay_state_folder(folder)
-        if self.group_replay is not None:
-            self.group_replay.load(folder, step=self.global_steps)
-        if self.elite_replay is not None:
-            self.elite_replay.load(folder)
+        for stream in self._streams:
+            stream.load(folder, step=self.global_steps)
 
 
 class ReplaySyncTrainer(ReplayTrainerMixin, PPOTrainerSync):

@@ -1,0 +1,92 @@
+"""Canaries for every verl name the trainer integration relies on (verl 0.9.1).
+
+The replay trainers override verl's stage methods and read a few of its attributes; none of them
+is public API. If a verl upgrade renames, re-signs or reorders one, these fail with the name.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from verl_replay.integrations.verl.trainer import ReplaySeparateAsyncTrainer, ReplaySyncTrainer
+
+# stage method -> the parameters our override receives (after self)
+OVERRIDDEN_HOOKS = {
+    "step": ["metrics", "timing_raw"],
+    "_balance_batch": ["batch", "metrics", "logging_prefix", "keep_minibatch"],
+    "_compute_old_log_prob": ["batch", "metrics"],
+    "_compute_advantage": ["batch", "metrics"],
+    "_update_actor": ["batch", "metrics"],
+    "_compute_metrics": ["batch", "metrics", "timing_raw", "global_steps", "epoch"],
+    "_get_required_batch_multiple": ["dp_size"],
+    "_save_checkpoint": [],
+    "_load_checkpoint": [],
+    "_init_tokenizer": [],
+    "_init_resource_pool_mgr": [],
+    "_setup": [],
+}
+
+
+@pytest.mark.parametrize("trainer_cls", [ReplaySyncTrainer, ReplaySeparateAsyncTrainer])
+@pytest.mark.parametrize("name", sorted(OVERRIDDEN_HOOKS))
+def test_overridden_hooks_exist_with_our_signature(trainer_cls, name):
+    verl_cls = trainer_cls.__mro__[2]  # (ours, ReplayTrainerMixin, verl's class, ...)
+    assert verl_cls.__module__.startswith("verl."), verl_cls
+    method = getattr(verl_cls, name, None)
+    assert method is not None, f"verl's {verl_cls.__name__}.{name} is gone: update verl_replay's trainer hooks"
+    params = [p for p in inspect.signature(method).parameters if p != "self"]
+    assert params == OVERRIDDEN_HOOKS[name], f"{verl_cls.__name__}.{name}{params}: verl changed its signature"
+
+
+def test_step_runs_rounds_of_step_once_with_local_trigger_step():
+    """Replay's per-global-step semantics rest on this: step() loops parameter_sync_step rounds,
+    numbering them in local_trigger_step, and merges their metrics with MetricsAggregator."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    source = inspect.getsource(PPOTrainer.step)
+    for needle in ("for trigger_idx in range(self.parameter_sync_step)", "self.local_trigger_step = trigger_idx",
+                   "self._step_once(", "MetricsAggregator()"):
+        assert needle in source, f"verl's PPOTrainer.step no longer has {needle!r}"
+
+
+def test_step_once_stage_order():
+    """Injection happens in _balance_batch, before old log-probs, advantages and the update."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    source = inspect.getsource(PPOTrainer._step_once)
+    stages = ["self.replay_buffer.sample(", "self._balance_batch(", "self._compute_old_log_prob(",
+              "self._compute_ref_log_prob(", "self._compute_advantage(", "self._update_actor("]
+    positions = [source.find(stage) for stage in stages]
+    assert -1 not in positions and positions == sorted(positions), dict(zip(stages, positions))
+
+
+def test_fit_saves_after_step_and_clears_after_metrics():
+    """Ingress at the end of step() comes before the checkpoint; rows stay in TransferQueue until
+    _compute_metrics has read them."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    source = inspect.getsource(PPOTrainer.fit)
+    order = ["self.step(metrics", "self._save_checkpoint()", "self._compute_metrics(", "tq.kv_clear("]
+    positions = [source.find(needle) for needle in order]
+    assert -1 not in positions and positions == sorted(positions), dict(zip(order, positions))
+
+
+def test_private_attributes_we_read():
+    from verl.single_controller.base.worker import Worker
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    # bound onto the worker group as a remote call: worker_group._query_dispatch_info("actor")
+    assert hasattr(Worker, "_query_dispatch_info"), "Worker._query_dispatch_info moved"
+    init_source = inspect.getsource(PPOTrainer.__init__)
+    assert "self.local_trigger_step = 0" in init_source and "self.parameter_sync_step" in init_source
+    assert "_dispatch_info" in inspect.getsource(PPOTrainer._balance_batch)
+
+
+def test_separate_async_old_log_prob_snapshot_uses_cpu_copies():
+    """verl snapshots pi_old with save_model_to_cpu; cpu_support makes that snapshot a copy on CPU."""
+    from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+
+    source = inspect.getsource(PPOTrainerSeparateAsync._compute_old_log_prob)
+    assert "save_model_to_cpu" in source and "restore_model_from_cpu" in source
