@@ -292,8 +292,12 @@ def test_gpu_stack_paper_recipe_fails_only_for_missing_gpus(tmp_path):
 
     assert CheckpointEngineRegistry.get("nccl").__name__ == "NCCLCheckpointEngine"
     model = _model_dir(tmp_path)
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("bird_train", "bird_dev", "spider_dev"):  # the recipe checks that its inputs exist first
+        (data / f"{name}.parquet").write_bytes(b"")
     env = dict(os.environ, PREFLIGHT="only", MODEL_PATH=str(model), OUTPUT_DIR=str(tmp_path / "out"),
-               DATA_DIR=str(tmp_path / "data"), PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+               DATA_DIR=str(data), PYTHON=sys.executable, PYTHONUNBUFFERED="1")
     env.pop("RAY_ADDRESS", None)
     result = subprocess.run(["bash", str(REPO / "recipes" / "elite_replay_qwen4b.sh")], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=600)
