@@ -63,9 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _memory_table(pf, config, options.gpu_memory_gib)
     stages = [s.strip() for s in options.stages.split(",") if s.strip()]
     checks, budget = pf.run_checks(config, stages=stages, generation_gpus=options.generation_gpus)
-    model = pf._get(config, "actor_rollout_ref.model.path", "?")
-    mode = pf._get(config, "trainer.v1.trainer_mode", "sync")
-    print(f"{PREFIX} trainer.device={pf._get(config, 'trainer.device', 'cuda')} trainer_mode={mode} "
+    model = pf.config_value(config, "actor_rollout_ref.model.path", "?")
+    mode = pf.config_value(config, "trainer.v1.trainer_mode", "sync")
+    print(f"{PREFIX} trainer.device={pf.config_value(config, 'trainer.device', 'cuda')} trainer_mode={mode} "
           f"stages={','.join(stages)} model={model}", flush=True)
     for check in checks:
         for line in check.lines():
@@ -85,16 +85,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _memory_table(pf, config: dict, gpu_memory_gib: float) -> int:
     from verl_replay.memory_budget import ModelShape, estimate, format_markdown
 
-    path = str(pf._get(config, "actor_rollout_ref.model.path", ""))
+    path = str(pf.config_value(config, "actor_rollout_ref.model.path", ""))
     try:
         hf_config = pf.Probe().read_model_config(path)
     except (OSError, ValueError):
         hf_config = None
     shape = ModelShape.from_hf_config(hf_config) if hf_config else pf.reference_shape()
     source = f"{path}/config.json" if hf_config else "the Qwen3.5-4B shape (verl_replay.memory_budget.QWEN3_5_4B_CONFIG)"
-    fused = pf._attn(config) in pf.ATTN_FLASH  # flash attention implies flash-attn's fused cross-entropy
+    fused = pf.attention_of(config) in pf.ATTN_FLASH  # flash attention implies flash-attn's fused cross-entropy
     budget = estimate(shape, pf.run_sizes(config, gpu_memory_gib, fused_cross_entropy=fused))
-    print(f"Model shape from {source}; attention {pf._attn(config)}.\n")
+    print(f"Model shape from {source}; attention {pf.attention_of(config)}.\n")
     print(format_markdown(budget), end="")
     return 0
 

@@ -33,7 +33,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,11 @@ __all__ = [
     "Check",
     "PlacementNeed",
     "Probe",
+    "attention_of",
+    "checkpoint_bytes",
     "choose_attention",
+    "compose_config",
+    "config_value",
     "placement_need",
     "run_checks",
     "run_sizes",
@@ -181,7 +185,8 @@ class Probe:
 # --------------------------------------------------------------------------- config helpers
 
 
-def _get(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+def config_value(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+    """``config[a][b][c]`` for ``"a.b.c"``; ``default`` when a part is missing or null."""
     node: Any = config
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node or node[part] is None:
@@ -190,9 +195,9 @@ def _get(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
     return node
 
 
-def _attn(config: Mapping[str, Any]) -> str:
+def attention_of(config: Mapping[str, Any]) -> str:
     # verl's default when override_config leaves it out (workers/config/model.py)
-    return str(_get(config, "actor_rollout_ref.model.override_config.attn_implementation", "flash_attention_2"))
+    return str(config_value(config, "actor_rollout_ref.model.override_config.attn_implementation", "flash_attention_2"))
 
 
 @dataclass(frozen=True)
@@ -208,12 +213,12 @@ def placement_need(config: Mapping[str, Any], stages: Sequence[str] = ("train",)
     """GPUs the training placement needs (or ``generation_gpus`` for search / eval only)."""
     if "train" not in stages:
         return PlacementNeed(generation_gpus, generation_gpus, f"{generation_gpus} for {'/'.join(stages)} (vLLM TP)")
-    nodes = int(_get(config, "trainer.nnodes", 1))
-    per_node = int(_get(config, "trainer.n_gpus_per_node", 1))
-    if _get(config, "trainer.v1.trainer_mode", "sync") != "separate_async":
+    nodes = int(config_value(config, "trainer.nnodes", 1))
+    per_node = int(config_value(config, "trainer.n_gpus_per_node", 1))
+    if config_value(config, "trainer.v1.trainer_mode", "sync") != "separate_async":
         return PlacementNeed(per_node, nodes * per_node, f"{per_node} per node x {nodes} node(s), colocated")
-    r_nodes = int(_get(config, "actor_rollout_ref.rollout.nnodes", 0))
-    r_per_node = int(_get(config, "actor_rollout_ref.rollout.n_gpus_per_node", 0))
+    r_nodes = int(config_value(config, "actor_rollout_ref.rollout.nnodes", 0))
+    r_per_node = int(config_value(config, "actor_rollout_ref.rollout.n_gpus_per_node", 0))
     total = nodes * per_node + r_nodes * r_per_node
     shared = nodes == r_nodes
     need_per_node = per_node + r_per_node if shared else max(per_node, r_per_node)
@@ -228,30 +233,30 @@ def run_sizes(config: Mapping[str, Any], gpu_memory_gib: float = 80.0, fused_cro
     """The memory-relevant sizes of a composed training config."""
     actor = "actor_rollout_ref.actor"
     rollout = "actor_rollout_ref.rollout"
-    prompt = int(_get(config, "data.max_prompt_length", 512))
-    response = int(_get(config, "data.max_response_length", 512))
-    max_model_len = int(_get(config, f"{rollout}.max_model_len", 0) or prompt + response)
-    ppo_tokens = int(_get(config, f"{actor}.ppo_max_token_len_per_gpu", 16384))
-    log_prob_tokens = int(_get(config, f"{rollout}.log_prob_max_token_len_per_gpu", ppo_tokens))
+    prompt = int(config_value(config, "data.max_prompt_length", 512))
+    response = int(config_value(config, "data.max_response_length", 512))
+    max_model_len = int(config_value(config, f"{rollout}.max_model_len", 0) or prompt + response)
+    ppo_tokens = int(config_value(config, f"{actor}.ppo_max_token_len_per_gpu", 16384))
+    log_prob_tokens = int(config_value(config, f"{rollout}.log_prob_max_token_len_per_gpu", ppo_tokens))
     return RunSizes(
-        train_gpus=int(_get(config, "trainer.nnodes", 1)) * int(_get(config, "trainer.n_gpus_per_node", 1)),
+        train_gpus=int(config_value(config, "trainer.nnodes", 1)) * int(config_value(config, "trainer.n_gpus_per_node", 1)),
         ppo_max_token_len_per_gpu=ppo_tokens,
         log_prob_max_token_len_per_gpu=log_prob_tokens,
         max_model_len=max_model_len,
-        gradient_checkpointing=bool(_get(config, "actor_rollout_ref.model.enable_gradient_checkpointing", False)),
-        param_offload=bool(_get(config, f"{actor}.fsdp_config.param_offload", False)),
-        optimizer_offload=bool(_get(config, f"{actor}.fsdp_config.optimizer_offload", False)),
-        entropy_chunking=bool(_get(config, f"{actor}.entropy_from_logits_with_chunking", False)),
-        entropy_chunk_size=int(_get(config, f"{actor}.entropy_from_logits_chunk_size", 2048)),
+        gradient_checkpointing=bool(config_value(config, "actor_rollout_ref.model.enable_gradient_checkpointing", False)),
+        param_offload=bool(config_value(config, f"{actor}.fsdp_config.param_offload", False)),
+        optimizer_offload=bool(config_value(config, f"{actor}.fsdp_config.optimizer_offload", False)),
+        entropy_chunking=bool(config_value(config, f"{actor}.entropy_from_logits_with_chunking", False)),
+        entropy_chunk_size=int(config_value(config, f"{actor}.entropy_from_logits_chunk_size", 2048)),
         fused_cross_entropy=fused_cross_entropy,
-        temperature=float(_get(config, f"{rollout}.temperature", 1.0)),
-        parameter_sync_step=int(_get(config, "trainer.v1.separate_async.parameter_sync_step", 1) or 1),
+        temperature=float(config_value(config, f"{rollout}.temperature", 1.0)),
+        parameter_sync_step=int(config_value(config, "trainer.v1.separate_async.parameter_sync_step", 1) or 1),
         train_gpu_memory_gib=gpu_memory_gib,
         rollout_gpu_memory_gib=gpu_memory_gib,
-        rollout_tensor_parallel=int(_get(config, f"{rollout}.tensor_model_parallel_size", 1)),
-        gpu_memory_utilization=float(_get(config, f"{rollout}.gpu_memory_utilization", 0.5)),
-        max_num_batched_tokens=int(_get(config, f"{rollout}.max_num_batched_tokens", 8192)),
-        max_num_seqs=int(_get(config, f"{rollout}.max_num_seqs", 256)),
+        rollout_tensor_parallel=int(config_value(config, f"{rollout}.tensor_model_parallel_size", 1)),
+        gpu_memory_utilization=float(config_value(config, f"{rollout}.gpu_memory_utilization", 0.5)),
+        max_num_batched_tokens=int(config_value(config, f"{rollout}.max_num_batched_tokens", 8192)),
+        max_num_seqs=int(config_value(config, f"{rollout}.max_num_seqs", 256)),
     )
 
 
@@ -286,7 +291,7 @@ def _check_torch(config: Mapping[str, Any], probe: Probe) -> Check:
     version = probe.version("torch")
     if version is None:
         return Check("torch", FAIL, "not installed", INSTALL_GPU)
-    if _get(config, "trainer.device", "cuda") == "cpu":
+    if config_value(config, "trainer.device", "cuda") == "cpu":
         return Check("torch", OK, f"{version} (trainer.device=cpu)")
     cuda = probe.torch_cuda()
     if cuda is None:
@@ -295,7 +300,7 @@ def _check_torch(config: Mapping[str, Any], probe: Probe) -> Check:
 
 
 def _check_vllm(config: Mapping[str, Any], probe: Probe) -> Check:
-    name = _get(config, "actor_rollout_ref.rollout.name", "vllm")
+    name = config_value(config, "actor_rollout_ref.rollout.name", "vllm")
     if name != "vllm":
         return Check("vllm", SKIP, f"rollout is {name}")
     version = probe.version("vllm")
@@ -311,9 +316,9 @@ def _check_vllm(config: Mapping[str, Any], probe: Probe) -> Check:
 
 def _check_weight_sync(config: Mapping[str, Any], probe: Probe) -> Check:
     engine = "actor_rollout_ref.rollout.checkpoint_engine"
-    backend = str(_get(config, f"{engine}.backend", "naive"))
-    custom = _get(config, f"{engine}.custom_backend_module")
-    separate = _get(config, "trainer.v1.trainer_mode", "sync") == "separate_async"
+    backend = str(config_value(config, f"{engine}.backend", "naive"))
+    custom = config_value(config, f"{engine}.custom_backend_module")
+    separate = config_value(config, "trainer.v1.trainer_mode", "sync") == "separate_async"
     if separate and backend == "naive":
         return Check("weight sync", FAIL, "separate_async with checkpoint_engine.backend=naive (colocated only)",
                      f"set {engine}.backend=nccl")
@@ -327,8 +332,8 @@ def _check_weight_sync(config: Mapping[str, Any], probe: Probe) -> Check:
 
 
 def _check_attention(config: Mapping[str, Any], probe: Probe) -> Check:
-    impl = _attn(config)
-    packed = bool(_get(config, "actor_rollout_ref.model.use_remove_padding", False))
+    impl = attention_of(config)
+    packed = bool(config_value(config, "actor_rollout_ref.model.use_remove_padding", False))
     if impl in ATTN_FLASH:
         error = probe.import_error("flash_attn")
         if error:
@@ -340,7 +345,7 @@ def _check_attention(config: Mapping[str, Any], probe: Probe) -> Check:
         if version and version.split("+")[0] != FLASH_ATTN_VERSION:
             return Check("attention", WARN, detail + f" (pinned: {FLASH_ATTN_VERSION})", f"{INSTALL_KERNELS}")
         return Check("attention", OK, detail)
-    if packed and _get(config, "trainer.device", "cuda") != "cpu":
+    if packed and config_value(config, "trainer.device", "cuda") != "cpu":
         return Check("attention", FAIL, f"attn_implementation={impl} with use_remove_padding=True: verl packs sequences for flash attention only",
                      "set actor_rollout_ref.model.use_remove_padding=False (or install flash-attn)")
     padded = (", padded micro-batches (each padded to its longest sequence: slower, and more memory than "
@@ -349,7 +354,7 @@ def _check_attention(config: Mapping[str, Any], probe: Probe) -> Check:
 
 
 def _check_linear_attention(config: Mapping[str, Any], probe: Probe, shape: ModelShape | None) -> list[Check]:
-    if _get(config, "trainer.device", "cuda") == "cpu":
+    if config_value(config, "trainer.device", "cuda") == "cpu":
         return [Check("linear attention", SKIP, "trainer.device=cpu: transformers' torch kernels")]
     if shape is None:
         return [Check("linear attention", SKIP, "model shape unknown (see the model check)")]
@@ -372,7 +377,7 @@ def _check_linear_attention(config: Mapping[str, Any], probe: Probe, shape: Mode
 
 
 def _model_shape(config: Mapping[str, Any], probe: Probe) -> tuple[Check, ModelShape | None, dict[str, Any] | None]:
-    path = str(_get(config, "actor_rollout_ref.model.path", ""))
+    path = str(config_value(config, "actor_rollout_ref.model.path", ""))
     try:
         hf_config = probe.read_model_config(path)
     except (OSError, ValueError) as exc:
@@ -390,7 +395,7 @@ def _model_shape(config: Mapping[str, Any], probe: Probe) -> tuple[Check, ModelS
 
 
 def _check_model_arch(config: Mapping[str, Any], probe: Probe, base: Check, shape: ModelShape | None) -> Check:
-    if base.status != OK or shape is None or _get(config, "actor_rollout_ref.rollout.name", "vllm") != "vllm":
+    if base.status != OK or shape is None or config_value(config, "actor_rollout_ref.rollout.name", "vllm") != "vllm":
         return base
     if probe.version("vllm") is None or probe.import_error("vllm"):
         return Check("model", base.status, base.detail + "; vLLM support not checked (vLLM missing)")
@@ -403,7 +408,7 @@ def _check_model_arch(config: Mapping[str, Any], probe: Probe, base: Check, shap
 
 
 def _check_gpus(config: Mapping[str, Any], probe: Probe, need: PlacementNeed) -> tuple[Check, list[tuple[str, int]]]:
-    if _get(config, "trainer.device", "cuda") == "cpu":
+    if config_value(config, "trainer.device", "cuda") == "cpu":
         return Check("gpus", SKIP, "trainer.device=cpu"), []
     if probe.torch_cuda() is None:
         return Check("gpus", FAIL, f"0 visible (torch is a CPU build); the placement needs {need.total}: {need.describe}",
@@ -414,7 +419,7 @@ def _check_gpus(config: Mapping[str, Any], probe: Probe, need: PlacementNeed) ->
         ok = cluster >= need.total
         return Check("gpus", OK if ok else FAIL, f"Ray cluster at RAY_ADDRESS has {cluster:g} GPUs; the placement needs {need.total}: {need.describe}",
                      "" if ok else "add nodes to the cluster or lower NNODES / TRAIN_GPUS / ROLLOUT_GPUS"), gpus
-    nodes = max(int(_get(config, "trainer.nnodes", 1)), int(_get(config, "actor_rollout_ref.rollout.nnodes", 0) or 0))
+    nodes = max(int(config_value(config, "trainer.nnodes", 1)), int(config_value(config, "actor_rollout_ref.rollout.nnodes", 0) or 0))
     wanted = need.per_node if nodes > 1 else need.total
     if len(gpus) < wanted:
         names = f" ({gpus[0][0]})" if gpus else ""
@@ -425,7 +430,7 @@ def _check_gpus(config: Mapping[str, Any], probe: Probe, need: PlacementNeed) ->
 
 
 def _check_memory(config: Mapping[str, Any], shape: ModelShape | None, gpus: list[tuple[str, int]], fused: bool) -> tuple[Check, MemoryBudget | None]:
-    if _get(config, "trainer.device", "cuda") == "cpu":
+    if config_value(config, "trainer.device", "cuda") == "cpu":
         return Check("gpu memory", SKIP, "trainer.device=cpu"), None
     if shape is None:
         return Check("gpu memory", SKIP, "model shape unknown"), None
@@ -455,16 +460,16 @@ def checkpoint_bytes(shape: ModelShape, contents: Iterable[str]) -> int:
 
 
 def _check_disk(config: Mapping[str, Any], probe: Probe, shape: ModelShape | None) -> Check:
-    where = str(_get(config, "trainer.default_local_dir", "checkpoints"))
-    save_freq = int(_get(config, "trainer.save_freq", -1) or -1)
+    where = str(config_value(config, "trainer.default_local_dir", "checkpoints"))
+    save_freq = int(config_value(config, "trainer.save_freq", -1) or -1)
     if save_freq <= 0:
         return Check("disk", SKIP, "no checkpoints (trainer.save_freq <= 0)")
     if shape is None:
         return Check("disk", SKIP, "model shape unknown")
-    contents = _get(config, "actor_rollout_ref.actor.checkpoint.save_contents", ["model", "optimizer", "extra"])
+    contents = config_value(config, "actor_rollout_ref.actor.checkpoint.save_contents", ["model", "optimizer", "extra"])
     one = checkpoint_bytes(shape, contents)
-    keep = _get(config, "trainer.max_actor_ckpt_to_keep")
-    steps = int(_get(config, "trainer.total_training_steps", 0) or 0)
+    keep = config_value(config, "trainer.max_actor_ckpt_to_keep")
+    steps = int(config_value(config, "trainer.total_training_steps", 0) or 0)
     # verl keeps keep-1 old ones while writing the next; keep=1 holds the old one until the new is written
     at_once = 2 if keep == 1 else int(keep) if keep else max(steps // save_freq + 1, 1)
     free = probe.free_disk_bytes(where)
@@ -479,21 +484,21 @@ def _check_disk(config: Mapping[str, Any], probe: Probe, shape: ModelShape | Non
 def _check_settings(config: Mapping[str, Any], shape: ModelShape | None, budget: MemoryBudget | None, probe: Probe) -> list[Check]:
     checks = []
     fsdp = "actor_rollout_ref.actor.fsdp_config"
-    separate = _get(config, "trainer.v1.trainer_mode", "sync") == "separate_async"
-    rounds = int(_get(config, "trainer.v1.separate_async.parameter_sync_step", 1) or 1)
-    bypass = bool(_get(config, "algorithm.rollout_correction.bypass_mode", False))
-    if separate and rounds > 1 and not bypass and _get(config, f"{fsdp}.param_offload", False):
+    separate = config_value(config, "trainer.v1.trainer_mode", "sync") == "separate_async"
+    rounds = int(config_value(config, "trainer.v1.separate_async.parameter_sync_step", 1) or 1)
+    bypass = bool(config_value(config, "algorithm.rollout_correction.bypass_mode", False))
+    if separate and rounds > 1 and not bypass and config_value(config, f"{fsdp}.param_offload", False):
         checks.append(Check("offload", FAIL, f"{fsdp}.param_offload=True with separate_async ({rounds} rounds per weight push): "
                             "verl snapshots pi_old with save_model_to_cpu, which assumes GPU-resident parameters",
                             f"keep {fsdp}.param_offload=False; offload the optimizer only ({fsdp}.optimizer_offload=True, recipes: ACTOR_OFFLOAD=True)"))
-    elif _get(config, f"{fsdp}.optimizer_offload", False) or _get(config, f"{fsdp}.param_offload", False):
+    elif config_value(config, f"{fsdp}.optimizer_offload", False) or config_value(config, f"{fsdp}.param_offload", False):
         checks.append(Check("offload", OK, "param_offload={} optimizer_offload={}".format(
-            bool(_get(config, f"{fsdp}.param_offload", False)), bool(_get(config, f"{fsdp}.optimizer_offload", False)))))
-    if shape is not None and shape.linear_attention_layers and _get(config, "actor_rollout_ref.rollout.enable_prefix_caching", False):
+            bool(config_value(config, f"{fsdp}.param_offload", False)), bool(config_value(config, f"{fsdp}.optimizer_offload", False)))))
+    if shape is not None and shape.linear_attention_layers and config_value(config, "actor_rollout_ref.rollout.enable_prefix_caching", False):
         checks.append(Check("prefix caching", WARN, "enable_prefix_caching=True on a hybrid (linear-attention) model: experimental in vLLM, "
                             "verl's Qwen3.5 examples turn it off", "actor_rollout_ref.rollout.enable_prefix_caching=False (platform=gpu does)"))
     if budget is not None and separate:
-        host = sum(r.bytes for r in budget.host) * int(_get(config, "trainer.n_gpus_per_node", 1))
+        host = sum(r.bytes for r in budget.host) * int(config_value(config, "trainer.n_gpus_per_node", 1))
         have = probe.host_memory_bytes()
         if have is not None and host > 0.8 * have:
             checks.append(Check("host memory", WARN, f"separate_async CPU weight copies ~{host / GIB:.0f} GiB per node, {have / GIB:.0f} GiB RAM",
@@ -510,7 +515,7 @@ def run_checks(
 ) -> tuple[list[Check], MemoryBudget | None]:
     """Every check for ``config`` (a plain dict of the resolved training config), in order."""
     probe = probe or Probe()
-    on_cpu = _get(config, "trainer.device", "cuda") == "cpu"
+    on_cpu = config_value(config, "trainer.device", "cuda") == "cpu"
     checks = [_check_python(config, probe), _check_torch(config, probe)]
     checks.append(Check("vllm", SKIP, "trainer.device=cpu") if on_cpu else _check_vllm(config, probe))
     checks.append(_check_weight_sync(config, probe))
@@ -556,5 +561,3 @@ def compose_config(overrides: Sequence[str]) -> dict[str, Any]:
     assert isinstance(container, dict)
     return container
 
-
-ProbeFactory = Callable[[], Probe]
