@@ -305,10 +305,14 @@ def test_gpu_stack_paper_recipe_fails_only_for_missing_gpus(tmp_path):
     failed = {line.split()[2] for line in lines if line.split()[1:2] == ["FAIL"]}
     shape = ModelShape.from_hf_config(QWEN3_5_4B_CONFIG)
     one = pf.checkpoint_bytes(shape, ["model", "optimizer", "extra", "hf_model"])
-    allowed = {"gpus"} | ({"disk"} if shutil.disk_usage(tmp_path).free < one else set())
-    assert "gpus" in failed and failed <= allowed, "\n".join(lines)
+    gpus = pf.Probe().gpus()
+    allowed = ({"gpus"} if len(gpus) < 4 else set()) | ({"disk"} if shutil.disk_usage(tmp_path).free < one else set())
+    if gpus and min(memory for _, memory in gpus) < 80 * GIB:
+        allowed.add("gpu memory")  # the paper's 80 GB GPUs
+    assert failed <= allowed, "\n".join(lines)
+    assert len(gpus) >= 4 or "gpus" in failed, "\n".join(lines)
     assert any("OK    weight sync       checkpoint engine 'nccl' registered" in line for line in lines)
-    assert result.returncode == 2 and "preflight failed" in result.stderr
+    assert result.returncode == (2 if failed else 0), result.stderr[-2000:]
 
 
 # --------------------------------------------------------------------------- canaries (verl 0.9.1)
