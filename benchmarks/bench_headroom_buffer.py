@@ -1,12 +1,17 @@
 #!/usr/bin/env python
-"""Overhead of the Headroom-Drift buffer manager vs buffer size (and vs a full-sort selector).
+"""Headroom-Drift buffer: manager overhead vs buffer size (vs a full-sort selector), and memory.
 
     python benchmarks/bench_headroom_buffer.py [--quick] [--sizes 1000 10000 100000]
+                                               [--rss-size 100000] [--vocab 151936]
 
-For each buffer size N (groups of n=8 responses x 64 tokens) the buffer is filled, then
-run in steady state: ``select`` (K_rep=16, chunks of 16, about half the scanned groups pass
-the gate) followed by ``admit`` of 64 fresh groups (evicting the 64 oldest). The scorer is
-trivial (stored log-probs + precomputed noise), so what is measured is the manager itself:
+Groups are n=8 responses x 64 tokens with a 48-token prompt, built the way the trainer builds
+them: verl-like rows (token tensors plus the dataset, agent-loop and reward fields a math row
+carries) through ``rows_to_group``, so metadata is included at its real size.
+
+**Overhead.** For each buffer size N the buffer is filled, then run in steady state:
+``select`` (K_rep=16, chunks of up to 16, about half the scanned groups pass the gate) followed
+by ``admit`` of 64 fresh groups (evicting the 64 oldest). The scorer is trivial (stored
+log-probs + precomputed noise), so what is measured is the manager itself:
 
     manager ms/step = (select wall time - time inside the scorer) + admit wall time
 
@@ -15,54 +20,108 @@ O(scanned), and the ranking bookkeeping (heap pops/pushes, FIFO), which is O(sca
 The same steps are replayed with a reference selector that sorts the whole buffer every step
 (O(N log N)); both must accept the same groups. Intra-op threads are set to 1: the work is
 tiny tensor ops where thread wake-ups only add noise.
+
+**Memory.** In a separate process (so nothing else the benchmark allocates is counted): the
+process RSS before and after filling a buffer of ``--rss-size`` groups (every group built by
+``ReplayGroup`` from decoded fields and its own metadata dict, so no storage is shared), and
+again after 30 steady-state steps of select + admit with eviction; divided by the stored
+response tokens (and by all stored tokens, prompt included). ``--vocab`` sets the token-id
+range: the default is Qwen's 151,936 (3 bytes per id); a vocabulary below 65,536 stores ids in 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
+import random
 import statistics
+import subprocess
 import sys
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from verl_replay.headroom_drift.buffer import HeadroomDriftBuffer, ReplayGroup
 from verl_replay.headroom_drift.scores import group_scores_flat, headroom_flat
+from verl_replay.integrations.verl.rows import rows_to_group
 
 N_RESP = 8
 TOKENS = 64
+PROMPT = 48
 K_REP = 16
 CHUNK = 16
 TAU = 0.1
 FRESH_PER_STEP = 64
-POOL = 256  # distinct group contents shared (read-only) by all buffered groups
+POOL = 256  # distinct group contents (templates)
+QWEN_VOCAB = 151_936
+FIELDS = ("prompt_ids", "response_ids", "response_lengths", "response_mask", "gen_log_probs",
+          "advantages", "correct", "scores")
+WORDS = ("the of a number find let be if then sum triangle circle integer prime value real "
+         "positive area length side angle point line equation solve x y z n k m function "
+         "polynomial root probability coin die remainder divided digit square cube product ratio "
+         "percent").split()
+
+
+def verl_rows(k: int, vocab: int, gen: torch.Generator) -> list[dict[str, Any]]:
+    """The rows of one math group as the v1 trainer holds them after the update: agent-loop
+    output (tokens, rollout log-probs, metrics, extra_fields with the reward's extra info),
+    RLHFDataset fields (prompt / raw_prompt messages, reward_model, extra_info, ...) and the
+    trainer's old_log_probs / advantages."""
+    rnd = random.Random(k)
+    problem = " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(25, 40))).capitalize() + "?"
+    messages = [{"role": "user", "content": problem + "\nPlease reason step by step, and put "
+                 "your final answer within \\boxed{}."}]
+    prompt = torch.randint(0, vocab, (PROMPT,), generator=gen)
+    rows = []
+    for s in range(N_RESP):
+        response = torch.randint(0, vocab, (TOKENS,), generator=gen)
+        acc = float(s % 2)
+        rm_scores = torch.zeros(TOKENS)
+        rm_scores[-1] = acc
+        old = -2.0 * torch.rand(TOKENS, generator=gen) ** 2
+        adv = torch.full((TOKENS,), (acc - 0.5) * (1 + 0.1 * rnd.random()))
+        rows.append({
+            "prompts": prompt.clone(), "responses": response,
+            "response_mask": torch.ones(TOKENS, dtype=torch.int64),
+            "input_ids": torch.cat([prompt, response]),
+            "position_ids": torch.arange(PROMPT + TOKENS),
+            "loss_mask": torch.ones(TOKENS, dtype=torch.int64), "rm_scores": rm_scores,
+            "rollout_log_probs": old + 1e-3 * torch.randn(TOKENS, generator=gen),
+            "old_log_probs": old, "advantages": adv, "returns": adv.clone(),
+            "uid": f"{k:08x}-uid", "session_id": s, "global_steps": 7, "num_turns": 2,
+            "metrics": {"generate_sequences": rnd.random(), "tool_calls": 0.0,
+                        "compute_score": rnd.random() * 1e-3, "num_preempted": -1},
+            "extra_fields": {"turn_scores": [], "tool_rewards": [], "reward_extra_info": {
+                "score": acc, "acc": acc, "reason": "match" if acc else "mismatch"}},
+            "multi_modal_inputs": {},
+            "data_source": "math_dapo", "prompt": messages, "raw_prompt": messages,
+            "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(k % 997)},
+            "extra_info": {"split": "train", "index": k, "question_id": f"train-{k}",
+                           "benchmark": "train", "question": problem},
+            "dummy_tensor": torch.tensor([0], dtype=torch.uint8), "index": k,
+            "tools_kwargs": {}, "interaction_kwargs": {},
+        })
+    return rows
 
 
 class Pool:
-    """Precomputed group contents and scorer noise, so filling 1e5 groups stays cheap."""
+    """Group templates (built once through rows_to_group) and precomputed scorer noise."""
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, vocab: int, seed: int = 0):
         gen = torch.Generator().manual_seed(seed)
-        L = N_RESP * TOKENS
-        self.lengths = torch.full((N_RESP,), TOKENS, dtype=torch.int64)
-        self.items = []
-        for _ in range(POOL):
-            self.items.append(dict(
-                prompt_ids=torch.randint(0, 32_000, (48,), generator=gen, dtype=torch.int32),
-                response_ids=torch.randint(0, 32_000, (L,), generator=gen, dtype=torch.int32),
-                response_mask=torch.rand(L, generator=gen) > 0.05,
-                gen_log_probs=-2.0 * torch.rand(L, generator=gen) ** 2,
-                advantages=torch.randn(N_RESP, generator=gen).clamp(-2, 2),
-                correct=torch.tensor([True, False] * (N_RESP // 2)),
-                scores=torch.rand(N_RESP, generator=gen),
-            ))
-        self.noise = torch.randn(POOL, L, generator=gen)
+        self.items: list[dict[str, Any]] = []
+        for k in range(POOL):
+            g = rows_to_group(verl_rows(k, vocab, gen), anchor_field="old_log_probs")
+            self.items.append({**{f: getattr(g, f) for f in FIELDS}, "meta": g.meta})
+        self.noise = torch.randn(POOL, N_RESP * TOKENS, generator=gen)
 
     def group(self, k: int) -> ReplayGroup:
-        it = self.items[k % POOL]
-        return ReplayGroup(response_lengths=self.lengths, **it)
+        """A new group with its own storage (ReplayGroup copies and encodes the metadata)."""
+        return ReplayGroup(**self.items[k % POOL])
 
 
 def make_scorer(pool: Pool, step: int):
@@ -153,7 +212,7 @@ def run(pool: Pool, sizes: Sequence[int], steps: int, warmup: int) -> list[dict]
         buf = fill(pool, size)
         rows.append({"size": size, "fill_s": time.perf_counter() - t0, "buf": buf,
                      "ref": FullSortSelector(buf), "select": [], "admit": [], "sort": [],
-                     "scanned": [], "picks": []})
+                     "scanned": [], "scored": [], "picks": []})
     for step in range(steps):
         for r in rows:
             fresh = _fresh(pool, step)
@@ -167,6 +226,7 @@ def run(pool: Pool, sizes: Sequence[int], steps: int, warmup: int) -> list[dict]
                 r["select"].append(1e3 * ((ta - t) - res.stats["scan_forward_seconds"]))
                 r["admit"].append(1e3 * (t_end - ta))
                 r["scanned"].append(res.stats["scanned"])
+                r["scored"].append(res.scored_groups)
     for step in range(steps):
         for r in rows:
             fresh = _fresh(pool, step)
@@ -181,9 +241,6 @@ def run(pool: Pool, sizes: Sequence[int], steps: int, warmup: int) -> list[dict]
                 r["sort"].append(1e3 * ((ta - t) - fwd + (t_end - ta)))
     out = []
     for r in rows:
-        groups = list(r["buf"])
-        payload = sum(g.nbytes for g in groups)  # tensor bytes the buffer keeps per group
-        stored_tokens = sum(g.num_tokens + g.prompt_ids.numel() for g in groups)
         total = [a + b for a, b in zip(r["select"], r["admit"])]
         out.append({"size": r["size"], "fill_s": r["fill_s"],
                     "select_ms": statistics.median(r["select"]),
@@ -191,30 +248,88 @@ def run(pool: Pool, sizes: Sequence[int], steps: int, warmup: int) -> list[dict]
                     "heap_ms": statistics.median(total),
                     "heap_p90_ms": sorted(total)[int(0.9 * (len(total) - 1))],
                     "sort_ms": statistics.median(r["sort"]),
-                    "scanned": statistics.mean(r["scanned"]), "same": r["same"],
-                    "bytes_per_token": payload / max(1, stored_tokens)})
+                    "scanned": statistics.mean(r["scanned"]),
+                    "scored": statistics.mean(r["scored"]), "same": r["same"]})
     return out
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("VmRSS missing from /proc/self/status")
+
+
+def rss_child(size: int, vocab: int, steps: int) -> dict[str, float]:
+    """Run in a fresh process: RSS of a buffer of ``size`` groups, after fill and steady state."""
+    torch.set_num_threads(1)
+    pool = Pool(vocab)
+    pool.group(0)  # warm up every code path that allocates once per process
+    gc.collect()
+    base = _rss_bytes()
+    t0 = time.perf_counter()
+    buf = fill(pool, size)
+    fill_s = time.perf_counter() - t0
+    gc.collect()
+    after_fill = _rss_bytes()
+    for step in range(steps):
+        buf.select(step, make_scorer(pool, step))
+        buf.admit(_fresh(pool, step), step)
+    gc.collect()
+    after_steady = _rss_bytes()
+    groups = list(buf)
+    response = sum(g.num_tokens for g in groups)
+    stored = response + sum(g.prompt_ids.numel() for g in groups)
+    packed = sum(g.nbytes for g in groups)
+    return {"size": size, "vocab": vocab, "fill_s": fill_s, "response_tokens": response,
+            "stored_tokens": stored, "packed_per_response_token": packed / response,
+            "rss_fill_per_response_token": (after_fill - base) / response,
+            "rss_per_response_token": (after_steady - base) / response,
+            "rss_per_stored_token": (after_steady - base) / stored,
+            "rss_mb": (after_steady - base) / 1e6}
+
+
+def measure_rss(size: int, vocab: int, steps: int = 30) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--rss-child", str(size), "--vocab", str(vocab),
+         "--steps", str(steps)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- main
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer steps and sizes up to 3e4")
+    ap.add_argument("--quick", action="store_true", help="fewer steps, sizes up to 3e4")
     ap.add_argument("--sizes", type=int, nargs="+", default=None)
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--rss-size", type=int, default=None, help="groups for the RSS measurement "
+                    "(default 1e5; 3e4 with --quick; 0 skips it)")
+    ap.add_argument("--vocab", type=int, default=QWEN_VOCAB, help="token-id range")
+    ap.add_argument("--rss-child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.rss_child is not None:
+        print(json.dumps(rss_child(args.rss_child, args.vocab, args.steps or 30)))
+        return []
     sizes = args.sizes or ([1_000, 10_000, 30_000] if args.quick else [1_000, 10_000, 100_000])
     steps = args.steps or (12 if args.quick else 40)
+    rss_size = args.rss_size if args.rss_size is not None else (30_000 if args.quick else 100_000)
     warmup = min(2, steps - 1)
     torch.set_num_threads(1)
-    pool = Pool()
     t0 = time.perf_counter()
+    pool = Pool(args.vocab)
     rows = run(pool, sizes, steps, warmup)
     base = rows[0]["heap_ms"]
     print(f"Headroom-Drift buffer manager overhead: n={N_RESP} x {TOKENS} tokens, K_rep={K_REP}, "
-          f"chunk={CHUNK}, fresh={FRESH_PER_STEP}/step, {steps - warmup} timed steps (median)")
+          f"chunk<={CHUNK}, fresh={FRESH_PER_STEP}/step, {steps - warmup} timed steps (median)")
     hdr = (f"{'groups':>8} | {'select ms':>9} | {'admit ms':>8} | {'heap ms/step':>12} | "
-           f"{'p90':>6} | {'vs smallest':>11} | "
-           f"{'full-sort ms/step':>17} | {'sort/heap':>9} | {'scanned':>7} | same picks | B/token | fill s")
+           f"{'p90':>6} | {'vs smallest':>11} | {'full-sort ms/step':>17} | {'sort/heap':>9} | "
+           f"{'scanned':>7} | {'scored':>6} | same picks | fill s")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -222,11 +337,20 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
               f"{r['heap_ms']:>12.2f} | {r['heap_p90_ms']:>6.2f} | "
               f"{r['heap_ms'] / base:>10.2f}x | {r['sort_ms']:>17.2f} | "
               f"{r['sort_ms'] / r['heap_ms']:>8.2f}x | {r['scanned']:>7.1f} | "
-              f"{'yes' if r['same'] else 'NO':>10} | {r['bytes_per_token']:>7.2f} | {r['fill_s']:.1f}")
-    print(f"total {time.perf_counter() - t0:.1f} s; B/token = tensor bytes kept per stored token "
-          "(prompt + response token ids int32, response log-probs fp32, response mask bool, per-response "
-          "advantage/score/correct/length)")
-    if not all(r["same"] for r in rows):
+              f"{r['scored']:>6.1f} | {'yes' if r['same'] else 'NO':>10} | {r['fill_s']:.1f}")
+    print("scanned = groups scanned per step; scored = groups given to the scorer (chunks hold "
+          "no more than the acceptances still needed)")
+    if rss_size:
+        m = measure_rss(rss_size, args.vocab)
+        print(f"memory at {m['size']} groups (separate process, vocab {m['vocab']}, verl-like "
+              f"metadata): {m['rss_mb']:.0f} MB RSS = {m['rss_per_response_token']:.2f} B per "
+              f"stored response token ({m['rss_per_stored_token']:.2f} B per stored token incl. "
+              f"prompt; {m['rss_fill_per_response_token']:.2f} right after the fill); packed "
+              f"storage {m['packed_per_response_token']:.2f} B per response token; fill "
+              f"{m['fill_s']:.0f} s")
+        rows.append({"rss": m})
+    print(f"total {time.perf_counter() - t0:.1f} s")
+    if not all(r.get("same", True) for r in rows):
         print("ERROR: heap and full-sort selectors disagree", file=sys.stderr)
         sys.exit(1)
     return rows

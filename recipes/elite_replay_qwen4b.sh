@@ -61,7 +61,7 @@ absolute_model MODEL_PATH
 : "${GROUP_SIZE:=$(pick 8 4)}"                # GRPO responses per question
 : "${PPO_MINI_PROMPTS:=$(pick 32 2)}"         # questions per optimiser step (= per update round)
 : "${MAX_PROMPT_LENGTH:=$(pick 16384 256)}"
-: "${MAX_RESPONSE_LENGTH:=$(pick 4096 48)}"      # tiny gold SQL is ~35 tokens
+: "${MAX_RESPONSE_LENGTH:=$(pick 4096 96)}"      # every tiny gold SQL answer fits (<= 89 tokens)
 : "${LR:=$(pick 1e-6 1e-4)}"
 : "${ROLLOUT_TEMPERATURE:=1.0}"
 : "${SAVE_FREQ:=$(pick 25 "$TOTAL_STEPS")}"

@@ -28,10 +28,9 @@ def main() -> int:
     manifest = assets.manifest()
     for name in ("root", "model_dir", "tokenizer", "math_train", "math_val", "sql_train", "sql_val", "sql_db_root"):
         print(f"{name:12s} {getattr(assets, name)}")
-    print(
-        f"{'model':12s} {manifest['model']['class']} ({manifest['model']['num_parameters']} parameters), "
-        f"vocab {manifest['vocab_size']}"
-    )
+    model = manifest["model"]
+    processor = f", processor {model['processor']}" if model.get("processor") else ""
+    print(f"{'model':12s} {model['class']} ({model['num_parameters']} parameters){processor}, vocab {manifest['vocab_size']}")
     print(f"{'prompts':12s} {json.dumps(manifest['prompt_tokens'])}")
     print(f"{'seconds':12s} {time.perf_counter() - start:.2f}")
     return 0

@@ -54,6 +54,8 @@ class ReplayConfig:
     # Debugging/verification: also run the old/ref log-prob forwards over replayed and elite rows
     # (their results are then overwritten; the default skips them).
     recompute_replayed_log_probs: bool = False
+    # Resume from a checkpoint that has no replay state (the streams restart empty) instead of failing.
+    allow_missing_state: bool = False
     elite: EliteConfig = field(default_factory=EliteConfig)
 
     # ------------------------------------------------------------------ construction
@@ -107,10 +109,9 @@ class ReplayConfig:
         _positive_int("replay.scan_chunk_groups", self.scan_chunk_groups)
         if self.max_scan_groups is not None:
             _positive_int("replay.max_scan_groups", self.max_scan_groups, hint="or null for no scan budget")
-        if not isinstance(self.recompute_replayed_log_probs, bool):
-            raise ReplayConfigError(
-                f"replay.recompute_replayed_log_probs must be true or false, got {self.recompute_replayed_log_probs!r}"
-            )
+        for key in ("recompute_replayed_log_probs", "allow_missing_state"):
+            if not isinstance(getattr(self, key), bool):
+                raise ReplayConfigError(f"replay.{key} must be true or false, got {getattr(self, key)!r}")
         if self.ppo_mini_batch_size is not None:
             _positive_int("replay.ppo_mini_batch_size", self.ppo_mini_batch_size,
                           hint="or null for actor_rollout_ref.actor.ppo_mini_batch_size")

@@ -188,23 +188,37 @@ def test_chat_template_renders_qwen_format(tiny):
     encoded = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
     assert tok.decode(ids) == text
+    # Processors hand content over as a list of parts; text parts render like a string, image and
+    # video parts as Qwen's placeholders (which the processor expands to one pad token per patch).
+    parts = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is 2 + 3?"}, {"type": "video"}]}]
+    assert tok.apply_chat_template(parts, tokenize=False) == (
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is 2 + 3?"
+        "<|vision_start|><|video_pad|><|vision_end|><|im_end|>\n"
+    )
+    for token in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"):
+        assert tok.encode(token, add_special_tokens=False) == [tok.convert_tokens_to_ids(token)]
+        assert tok.decode([tok.convert_tokens_to_ids(token)], skip_special_tokens=True) == ""
 
 
 def _load_model(model_dir: Path):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     config = AutoConfig.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
+    # The checkpoint's own class, as verl's actor loads it (AutoModelForCausalLM would give the
+    # text-only Qwen3_5ForCausalLM for a qwen3_5 config).
+    auto = AutoModelForImageTextToText if config.model_type == "qwen3_5" else AutoModelForCausalLM
+    model = auto.from_pretrained(model_dir, attn_implementation="sdpa")
     return config, model, AutoTokenizer.from_pretrained(model_dir)
 
 
 def _check_model(model_dir: Path, expected_class: str, expected_type: str) -> None:
     config, model, tok = _load_model(model_dir)
-    assert type(model).__name__ == expected_class
+    assert type(model).__name__ == expected_class and config.architectures == [expected_class]
     assert config.model_type == expected_type
-    assert config.vocab_size == len(tok)
-    assert config.eos_token_id == tok.eos_token_id and config.pad_token_id == tok.pad_token_id
-    assert config.tie_word_embeddings and config.max_position_embeddings == 1024
+    text = config.get_text_config()
+    assert text.vocab_size == len(tok)
+    assert text.eos_token_id == tok.eos_token_id and text.pad_token_id == tok.pad_token_id
+    assert text.tie_word_embeddings and text.max_position_embeddings == 1024
     assert model.get_input_embeddings().weight is model.get_output_embeddings().weight
 
     # Right-padded batch of two prompts: padded logits equal the unpadded ones.
@@ -229,16 +243,109 @@ def _check_model(model_dir: Path, expected_class: str, expected_type: str) -> No
     out = model(input_ids=inputs, labels=inputs)
     assert torch.isfinite(out.loss)
     out.loss.backward()
-    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    # A text-only batch reaches every parameter except the vision tower's.
+    grads = [p.grad for name, p in model.named_parameters() if p.requires_grad and not name.startswith("model.visual.")]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
     assert sum(float(g.abs().sum()) for g in grads) > 0
 
 
 def test_qwen3_5_model_loads_and_trains_on_cpu(tiny):
     manifest = tiny.manifest()["model"]
-    assert manifest["class"] == "Qwen3_5ForCausalLM"
+    assert manifest["class"] == "Qwen3_5ForConditionalGeneration" and manifest["processor"] == "Qwen3VLProcessor"
     assert set(manifest["config"]["layer_types"]) == {"linear_attention", "full_attention"}
-    _check_model(tiny.model_dir, "Qwen3_5ForCausalLM", "qwen3_5_text")
+    assert 0 < manifest["vision_parameters"] < manifest["num_parameters"] / 4  # the text model dominates
+    for model_dir in (tiny.model_dir, tiny.sql_model_dir):
+        _check_model(model_dir, "Qwen3_5ForConditionalGeneration", "qwen3_5")
+
+
+def test_qwen3_5_config_names_the_vision_tokens_and_mrope(tiny):
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(tiny.model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny.model_dir)
+    assert config.image_token_id == tok.convert_tokens_to_ids("<|image_pad|>")
+    assert config.video_token_id == tok.convert_tokens_to_ids("<|video_pad|>")
+    assert config.vision_start_token_id == tok.convert_tokens_to_ids("<|vision_start|>")
+    assert config.vision_end_token_id == tok.convert_tokens_to_ids("<|vision_end|>")
+    rope = config.text_config.rope_parameters
+    rotary_half = int(config.text_config.head_dim * rope["partial_rotary_factor"]) // 2
+    assert rope["mrope_interleaved"] and sum(rope["mrope_section"]) == rotary_half  # every frequency is used
+    assert config.vision_config.out_hidden_size == config.text_config.hidden_size
+
+
+def _processor(model_dir: Path):
+    from transformers import AutoProcessor
+
+    from verl_replay.integrations.verl.vl_processor import allow_vl_processor_without_torchvision
+
+    allow_vl_processor_without_torchvision()
+    return AutoProcessor.from_pretrained(model_dir)
+
+
+def test_processor_loads_and_matches_the_tokenizer(tiny):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny.model_dir)
+    for model_dir in (tiny.model_dir, tiny.sql_model_dir):
+        processor = _processor(model_dir)
+        assert type(processor).__name__ == "Qwen3VLProcessor"
+        assert processor.image_processor.patch_size == 16 and processor.image_processor.merge_size == 2
+        assert processor.image_token_id == tok.convert_tokens_to_ids("<|image_pad|>")
+        messages = [{"role": "user", "content": "What is 7 + 5?"}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert text == tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        encoded = processor(text=[text], return_tensors="pt")
+        expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert encoded["input_ids"][0].tolist() == expected
+        assert not encoded["mm_token_type_ids"].any()  # text only: every token is of type text
+
+
+def test_verl_builds_mrope_position_ids_through_the_processor(tiny):
+    """verl's agent loop: processor loaded by verl's hf_processor, (1, 4, L) position ids from its
+    _compute_position_ids; for text the temporal/height/width rows all equal the token index."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.utils import hf_processor
+
+    _processor(tiny.model_dir)  # torchvision-free loading, as verl's CPU support installs it
+    processor = hf_processor(str(tiny.model_dir))
+    assert type(processor).__name__ == "Qwen3VLProcessor" and hasattr(processor, "get_rope_index")
+    worker = AgentLoopWorker.__new__(AgentLoopWorker)  # only the processor is read
+    worker.processor = processor
+    text = processor.apply_chat_template([{"role": "user", "content": "What is 7 + 5?"}], add_generation_prompt=True, tokenize=False)
+    features = dict(processor(text=[text], return_tensors="pt"))
+    input_ids, attention_mask = features.pop("input_ids"), features.pop("attention_mask")  # [1, L]
+    position_ids = worker._compute_position_ids(input_ids, attention_mask, features)  # [1, 4, L]
+    length = input_ids.shape[1]
+    assert position_ids.shape == (1, 4, length) and position_ids.dtype == torch.long
+    torch.testing.assert_close(position_ids[0], torch.arange(length).expand(4, length))
+
+
+def test_model_runs_an_image_through_its_vision_tower(tiny):
+    """The tiny model is a working vision-language model: an image becomes pad tokens whose
+    embeddings come from the vision tower, with 3-D M-RoPE positions over the patch grid."""
+    from PIL import Image
+
+    processor = _processor(tiny.model_dir)
+    _, model, _ = _load_model(tiny.model_dir)
+    model.eval()
+    image = Image.new("RGB", (64, 32), color=(200, 30, 90))
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], images=[image], return_tensors="pt")
+    grid = inputs["image_grid_thw"][0].tolist()  # [t, h, w] in 16-pixel patches
+    assert grid == [1, 2, 4]
+    n_image_tokens = int((inputs["input_ids"] == model.config.image_token_id).sum())
+    assert n_image_tokens == grid[0] * grid[1] * grid[2] // 4  # 2 x 2 patches merge into one token
+    position_ids, _ = model.model.get_rope_index(
+        inputs["input_ids"], inputs["mm_token_type_ids"], image_grid_thw=inputs["image_grid_thw"]
+    )  # [3, 1, L]
+    image_rows = position_ids[:, 0, inputs["input_ids"][0] == model.config.image_token_id]  # [3, tokens]
+    assert image_rows[1].unique().numel() == 1 and image_rows[2].unique().numel() == 2  # 1 x 2 merged grid
+    with torch.no_grad():
+        with_image = model(**inputs).logits[0, -1]
+        other = processor(text=[text], images=[Image.new("RGB", (64, 32), color=(0, 0, 0))], return_tensors="pt")
+        other_image = model(**other).logits[0, -1]
+    assert torch.isfinite(with_image).all() and not torch.allclose(with_image, other_image)
 
 
 def test_qwen2_fallback_model_loads_and_trains_on_cpu(tmp_path):
@@ -374,7 +481,7 @@ def test_build_script_prints_paths_of_cached_assets(tiny_assets):
     assert lines["model_dir"] == str(tiny.model_dir)
     assert lines["sql_train"] == str(tiny.sql_train)
     assert lines["sql_db_root"] == str(tiny.sql_db_root)
-    assert "Qwen3_5ForCausalLM" in lines["model"]
+    assert "Qwen3_5ForConditionalGeneration" in lines["model"]
 
 
 @pytest.mark.parametrize("arch, separated", [("qwen2", True), ("qwen3_5", False)])
@@ -404,16 +511,44 @@ def test_packed_sequences_on_cpu(tiny, tmp_path, arch, separated):
     assert torch.allclose(packed, alone, atol=1e-5) is separated
 
 
+def _cpu_tiny_response_lengths() -> dict[str, int]:
+    import yaml
+
+    profile = yaml.safe_load((REPO / "verl_replay" / "config" / "platform" / "cpu_tiny.yaml").read_text())
+    assert profile["data"]["max_response_length"] == "${tiny_response_length.${tiny_task}}"
+    return profile["tiny_response_length"]
+
+
+def test_cpu_tiny_response_length_fits_every_gold_answer(tiny):
+    """The tiny run's response cap leaves room for each training answer as the warm start and the
+    reward spell it (fenced SQL / \\boxed{}) plus eos: no correct answer is ever cut off."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny.tokenizer)
+    caps = _cpu_tiny_response_lengths()
+    for task, path, spell in (
+        ("math", tiny.math_train, lambda gold: f"\\boxed{{{gold}}}"),
+        ("sql", tiny.sql_train, lambda gold: f"```sql\n{gold}\n```"),
+    ):
+        golds = [r["reward_model"]["ground_truth"] for r in pq.read_table(path).to_pylist()]
+        lengths = [len(tok.encode(spell(g), add_special_tokens=False)) + 1 for g in golds]
+        assert max(lengths) <= caps[task], (task, max(lengths), caps[task])
+
+
 def test_default_warm_start_gives_mixed_answers(tiny_assets):
     """GRPO needs groups whose answers disagree: the default models must be right only sometimes."""
     import pandas as pd
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     from verl_replay.rewards import compute_score
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_assets.model_dir)
-    for model_dir, parquet in ((tiny_assets.model_dir, tiny_assets.math_train), (tiny_assets.sql_model_dir, tiny_assets.sql_train)):
-        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    caps = _cpu_tiny_response_lengths()
+    for task, model_dir, parquet in (
+        ("math", tiny_assets.model_dir, tiny_assets.math_train),
+        ("sql", tiny_assets.sql_model_dir, tiny_assets.sql_train),
+    ):
+        model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
         rows = pd.read_parquet(parquet).head(12)
         accs = []
         torch.manual_seed(0)
@@ -421,7 +556,7 @@ def test_default_warm_start_gives_mixed_answers(tiny_assets):
             prompt = tokenizer.apply_chat_template(list(row["prompt"]), add_generation_prompt=True, tokenize=True, return_dict=False)
             outputs = model.generate(
                 torch.tensor([prompt] * 4), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                max_new_tokens=64, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                max_new_tokens=caps[task], pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
             )
             for output in outputs:
                 text = tokenizer.decode(output[len(prompt):], skip_special_tokens=True)

@@ -168,3 +168,25 @@ def test_induction_cli_builds_a_real_hf_backend(tiny_model_dir, tmp_path) -> Non
     data = yaml.safe_load(out.read_text("utf-8"))
     assert data["reviewed"] is False and data["induction"]["backend"] == "hf"
     assert sum(a["count"] for a in data["approaches"]) + data["induction"]["unparsed"] == 3
+
+
+def test_loads_the_checkpoint_class_of_a_vision_language_model(tiny_assets) -> None:
+    """Qwen3.5-4B is a Qwen3_5ForConditionalGeneration: the backend must sample from that model
+    (the one verl trains and vLLM serves), not from the text-only class AutoModelForCausalLM maps
+    its config to, and its log-probs must be those of a teacher-forced pass with M-RoPE positions."""
+    from transformers import AutoModelForImageTextToText
+
+    backend = HFBackend(str(tiny_assets.model_dir), batch_size=4)
+    assert type(backend.model).__name__ == "Qwen3_5ForConditionalGeneration"
+    prompts = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "What is 12 + 30?"}]]
+    out = backend.generate(prompts, n=2, temperature=1.0, max_new_tokens=8, seed=0, logprobs=True)
+    reference = AutoModelForImageTextToText.from_pretrained(tiny_assets.model_dir).eval()
+    for ids, samples in zip(backend.encode(prompts), out, strict=True):
+        for g in samples:
+            full = torch.tensor([list(ids) + list(g.token_ids)])  # [1, P+T]
+            positions = torch.arange(full.shape[1]).expand(4, 1, full.shape[1])  # text: t = h = w
+            with torch.no_grad():
+                logits = reference(input_ids=full, position_ids=positions).logits[0].float()  # [P+T, V]
+            logp = torch.log_softmax(logits[len(ids) - 1 : -1], dim=-1)  # [T, V]
+            expected = logp.gather(1, torch.tensor(g.token_ids).unsqueeze(1)).squeeze(1)  # [T]
+            torch.testing.assert_close(torch.tensor(g.logprobs), expected, rtol=1e-4, atol=1e-4)

@@ -52,6 +52,32 @@ def step_groups(seed: int, step: int, count: int, pool: int = 12) -> list[Replay
     return [random_group(torch.Generator().manual_seed(seed * 1_009 + k)) for k in keys]
 
 
+def verl_like_meta(k: int) -> dict:
+    """What rows_to_group stores for a math group: dataset fields shared, reward info per row."""
+    problem = f"Let x be the number {k} plus the sum of the first {k % 17} primes. Find x mod 7."
+    messages = [{"role": "user", "content": problem + "\nPlease reason step by step, and put your "
+                 "final answer within \\boxed{}."}]
+    return {
+        "shared": {
+            "data_source": "math_dapo", "prompt": messages, "raw_prompt": messages, "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(k % 7)},
+            "extra_info": {"split": "train", "index": k, "question_id": f"train-{k}",
+                           "benchmark": "train", "question": problem},
+            "dummy_tensor": torch.tensor([0], dtype=torch.uint8), "index": k, "tools_kwargs": {},
+            "interaction_kwargs": {}, "num_turns": 2, "multi_modal_inputs": {},
+        },
+        "per_row": [
+            {"metrics": {"generate_sequences": 0.25 + s, "tool_calls": 0.0, "compute_score": 1e-3 * s,
+                         "num_preempted": -1},
+             "extra_fields": {"turn_scores": [], "tool_rewards": [],
+                              "reward_extra_info": {"score": float(s % 2), "acc": float(s % 2),
+                                                    "reason": "match" if s % 2 else "mismatch"}}}
+            for s in range(8)
+        ],
+        "source_uid": f"uid-{k:06d}",
+    }
+
+
 class SynthScorer:
     """Deterministic "current policy": l_gen + noise whose scale depends on (group_id, step).
 
@@ -78,5 +104,6 @@ class SynthScorer:
 @pytest.fixture(scope="session")
 def synth() -> types.SimpleNamespace:
     return types.SimpleNamespace(
-        random_group=random_group, step_groups=step_groups, SynthScorer=SynthScorer
+        random_group=random_group, step_groups=step_groups, SynthScorer=SynthScorer,
+        verl_like_meta=verl_like_meta,
     )

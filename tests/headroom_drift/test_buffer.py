@@ -16,6 +16,7 @@ from verl_replay.headroom_drift.buffer import (
     NaiveReplayBuffer,
     ReplayGroup,
     SelectionResult,
+    scan_chunk_multiple,
 )
 from verl_replay.headroom_drift.scores import (
     headroom_flat,
@@ -144,6 +145,98 @@ def test_replay_group_validation():
         ReplayGroup(**{**base, "gen_log_probs": torch.tensor([0, 0, 0])})
     with pytest.raises(ValueError, match="meta"):
         ReplayGroup(**base, meta={"x": object()})
+
+
+FIELDS = {"prompt_ids": torch.int32, "response_ids": torch.int32, "response_lengths": torch.int64,
+          "response_mask": torch.bool, "gen_log_probs": torch.float32, "advantages": torch.float32,
+          "correct": torch.bool, "scores": torch.float32}
+
+
+def _big_group(gen, *, vocab, n=8, T=64, P=48, all_valid=True, meta=None):
+    L = n * T
+    return dict(prompt_ids=torch.randint(0, vocab, (P,), generator=gen),
+                response_ids=torch.randint(0, vocab, (L,), generator=gen),
+                response_lengths=torch.full((n,), T),
+                response_mask=(torch.ones(L, dtype=torch.bool) if all_valid
+                               else torch.rand(L, generator=gen) > 0.2),
+                gen_log_probs=-3 * torch.rand(L, generator=gen),
+                advantages=torch.randn(n, generator=gen),
+                correct=torch.rand(n, generator=gen) > 0.5, scores=torch.rand(n, generator=gen),
+                meta=meta)
+
+
+@pytest.mark.parametrize("vocab", [100, 70_000, 151_936, 2**31 - 1])
+@pytest.mark.parametrize("all_valid", [True, False])
+def test_group_storage_round_trips_every_field_exactly(vocab, all_valid):
+    gen = torch.Generator().manual_seed(vocab)
+    src = _big_group(gen, vocab=vocab, all_valid=all_valid,
+                     meta={"t": (1, [2.5]), "x": torch.arange(3)})
+    src["response_lengths"] = torch.tensor([0, 100, 64, 3, 200, 1, 64, 80])  # ragged, one empty
+    g = ReplayGroup(**src)
+    for name, dtype in FIELDS.items():
+        got = getattr(g, name)
+        assert got.dtype == dtype and torch.equal(got, src[name].to(dtype)), name
+    assert g.meta["t"] == (1, [2.5]) and torch.equal(g.meta["x"], torch.arange(3))
+    assert (g.n, g.num_tokens) == (8, 512)
+    assert g.num_valid_tokens == int(src["response_mask"].sum())
+    assert g.num_correct == int(src["correct"].sum())
+    assert g.response_offsets().tolist() == [0, 0, 100, 164, 167, 367, 368, 432, 512]
+
+
+def test_group_storage_is_compact_and_immutable():
+    gen = torch.Generator().manual_seed(0)
+    # Qwen-sized vocabulary: ids take 3 bytes; every token valid: no mask bytes
+    g = ReplayGroup(**_big_group(gen, vocab=151_936))
+    L, n, P = 512, 8, 48
+    assert g.nbytes == 16 + 4 * L + 3 * 4 * n + 3 * P + 3 * L + 1 + len(b"\x00m\x00")
+    small_vocab = ReplayGroup(**_big_group(gen, vocab=32_000, all_valid=False))
+    assert small_vocab.nbytes == 16 + 4 * L + 3 * 4 * n + 2 * P + 2 * L + 1 + L // 8 + 3
+    # accessors hand out copies: writing to them cannot touch the replay anchor
+    before = g.gen_log_probs.clone()
+    g.gen_log_probs.add_(1.0)
+    g.advantages.zero_()
+    assert torch.equal(g.gen_log_probs, before) and g.advantages.abs().sum() > 0
+    with pytest.raises(AttributeError):
+        g.gen_log_probs = before
+    g.meta = {"new": [1]}
+    assert g.meta == {"new": [1]} and torch.equal(g.gen_log_probs, before)
+    m = g.meta
+    m["changed"] = True  # a copy: the stored metadata does not change
+    assert g.meta == {"new": [1]}
+    assert "group_id=-1" in repr(g) and "num_tokens=512" in repr(g)
+
+
+def test_buffer_memory_per_token_with_verl_like_metadata(synth):
+    """Python heap bytes per stored response token (tracemalloc), metadata and ranking included.
+
+    RSS at 1e5 groups is measured by benchmarks/bench_headroom_buffer.py; this guards the
+    same budget deterministically at a size that runs in a second: groups of 8 x 64 tokens,
+    3-byte ids, metadata shaped like rows_to_group's output for a math row.
+    """
+    import tracemalloc
+
+    gen = torch.Generator().manual_seed(1)
+    templates = [_big_group(gen, vocab=151_936) for _ in range(8)]
+    for t in templates:
+        t["correct"] = torch.tensor([True, False] * 4)
+    size = 1000
+    metas = [synth.verl_like_meta(k) for k in range(size)]  # inputs, not kept by the buffer
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        buf = HeadroomDriftBuffer(capacity=size, k_rep=16, tau=0.5, scan_chunk_groups=16)
+        for start in range(0, size, 100):
+            buf.admit([ReplayGroup(**{**templates[k % 8], "meta": metas[k]})
+                       for k in range(start, start + 100)], step=start // 100 + 1000)
+        for step in range(3):  # stale heap entries and refreshed caches count too
+            buf.select(2000 + step, lambda gs: [g.gen_log_probs - 0.01 for g in gs])
+        used = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    per_token = used / (size * 512)
+    # measured 8.84 B/token (packed storage 8.2, incl. ~365 B of metadata per group; RSS adds
+    # ~0.4 for malloc); before the packed layout: 17 B RSS without metadata, 76 B with it
+    assert per_token < 9.5, per_token
 
 
 def test_from_padded_to_padded_roundtrip_with_tool_tokens():
@@ -276,7 +369,8 @@ def test_selection_hand_example_gate_and_refresh():
     assert s["replay_kl_accepted/mean"] == pytest.approx(math.expm1(0.1) - 0.1, rel=1e-4)
     assert s["age_accepted/mean"] == 1.0 and s["age_accepted/max"] == 1.0
     assert s["replay_tokens"] == 4.0
-    assert res.scored_groups == 3 and res.scorer_calls == 1  # g_lo computed but not scanned
+    # K_rep = 1: each chunk asks for the one acceptance still needed, so g_lo is never scored
+    assert (res.scored_groups, res.scorer_calls, res.chunk_groups) == (2, 2, (1, 1))
     # next step: ranking uses the refreshed caches (g_hi 0.939 > g_mid 0.593 > g_lo 0.095)
     res2 = buf.select(2, lambda gs: [g.gen_log_probs.clone() for g in gs])
     assert res2.accepted_ids == [g_hi.group_id]
@@ -363,14 +457,14 @@ def test_scorer_chunk_sizes_and_max_scan(synth):
 # ----------------------------------------------------------------------------- chunking
 
 
-def _run(synth, chunk, steps=8, seed=7, **kw):
+def _run(synth, chunk, steps=8, seed=7, multiple=1, **kw):
     cfg = dict(capacity=12, k_rep=3, tau=0.25, scan_chunk_groups=chunk)
     cfg.update(kw)
     buf = HeadroomDriftBuffer(**cfg)
     out = []
     for step in range(steps):
         if step:
-            out.append(buf.select(step, synth.SynthScorer(step)))
+            out.append(buf.select(step, synth.SynthScorer(step), chunk_multiple=multiple))
         buf.admit(synth.step_groups(seed, step, 5), step)
     return buf, out
 
@@ -382,14 +476,17 @@ def test_chunked_scan_equals_one_by_one(synth, kw):
     # the scenario exercises both outcomes of the gate
     assert sum(len(r.groups) for r in ref) > 0
     assert any(not rec.accepted for r in ref for rec in r.records)
-    for chunk in (2, 3, 7):
-        buf, res = _run(synth, chunk, **kw)
+    tails = 0
+    for chunk, multiple in ((2, 1), (3, 1), (7, 1), (1, 2), (3, 4), (16, 5)):
+        buf, res = _run(synth, chunk, multiple=multiple, **kw)
+        tails += sum(r.scored_groups - len(r.records) for r in res)
         for a, b in zip(ref, res):
             assert a.accepted_ids == b.accepted_ids
             assert a.records == b.records  # drift, refreshed headroom, ranks: bit-identical
             assert _stats_wo_timing(a) == _stats_wo_timing(b)
         assert _caches(ref_buf) == _caches(buf)
         assert [g.replay_count for g in ref_buf] == [g.replay_count for g in buf]
+    assert tails > 0  # rounded-up chunks did give the scorer groups that were never scanned
 
 
 # ----------------------------------------------------------------------------- properties
@@ -400,6 +497,7 @@ def test_chunked_scan_equals_one_by_one(synth, kw):
     capacity=st.integers(1, 10),
     k_rep=st.integers(1, 4),
     chunk=st.integers(1, 5),
+    multiple=st.integers(1, 4),
     max_scan=st.one_of(st.none(), st.integers(1, 8)),
     tau=st.sampled_from([0.0, 0.05, 0.15, 0.3, math.inf]),
     weighting=st.sampled_from(["sign", "advantage"]),
@@ -408,8 +506,8 @@ def test_chunked_scan_equals_one_by_one(synth, kw):
     per_step=st.lists(st.integers(0, 5), min_size=1, max_size=7),
     seed=st.integers(0, 10_000),
 )
-def test_buffer_matches_reference_and_invariants(synth, capacity, k_rep, chunk, max_scan, tau,
-                                                 weighting, norm, ingress, per_step, seed):
+def test_buffer_matches_reference_and_invariants(synth, capacity, k_rep, chunk, multiple, max_scan,
+                                                 tau, weighting, norm, ingress, per_step, seed):
     cfg = dict(capacity=capacity, k_rep=k_rep, tau=tau, weighting=weighting, drift_norm=norm,
                max_scan_groups=max_scan, ingress=ingress)
     buf = HeadroomDriftBuffer(scan_chunk_groups=chunk, **cfg)
@@ -418,7 +516,8 @@ def test_buffer_matches_reference_and_invariants(synth, capacity, k_rep, chunk, 
     for step, count in enumerate(per_step):
         if step:
             sc = synth.SynthScorer(step)
-            res = buf.select(step, sc)
+            candidates = len(buf)
+            res = buf.select(step, sc, chunk_multiple=multiple)
             ref_acc, ref_scanned = ref.select(step, ref_one_scorer(synth, step))
             # the brute-force top-K_rep drift-feasible groups, same scan prefix
             assert res.accepted_ids == ref_acc
@@ -433,9 +532,9 @@ def test_buffer_matches_reference_and_invariants(synth, capacity, k_rep, chunk, 
             assert [r.rank for r in res.records] == list(range(1, len(res.records) + 1))
             assert res.stats["accepted"] == len(res.groups)
             assert res.stats["scanned"] == len(res.records)
-            # every chunk is at most scan_chunk_groups and the overshoot is < one chunk
-            assert all(len(c) <= chunk for c in sc.calls)
-            assert len(res.records) <= res.scored_groups <= len(res.records) + chunk - 1
+            # each call asks for what the scan can still use, rounded up to the multiple
+            assert_chunk_rule(res, sc.calls, candidates=candidates, chunk=chunk, k_rep=k_rep,
+                              max_scan=max_scan, multiple=multiple)
             # a scan stops early only because K_rep was filled
             if len(res.records) < (len(buf) if max_scan is None else min(max_scan, len(buf))):
                 assert len(res.groups) == k_rep
@@ -449,18 +548,107 @@ def test_buffer_matches_reference_and_invariants(synth, capacity, k_rep, chunk, 
         assert fifo == [it.gid for it in ref.items]
         assert [g.headroom_cached for g in buf] == [it.cached for it in ref.items]
         assert [g.replay_count for g in buf] == [it.replays for it in ref.items]
-        # lazy heap stays bounded: stale entries never exceed live ones by much
-        assert len(buf._heap) <= 2 * len(buf) + 64 + capacity
+        # lazy heap stays bounded: stale entries never exceed a quarter of the live ones (+ slack)
+        assert len(buf._heap) - len(buf) <= len(buf) // 4 + 64
+
+
+def assert_chunk_rule(res, calls, *, candidates, chunk, k_rep, max_scan, multiple):
+    """Every scorer call had min(round_up(min(chunk, K_rep - accepted, budget left), multiple),
+    budget left, candidates left) groups; only the last call may have an unscanned tail."""
+    budget = candidates if max_scan is None else min(candidates, max_scan)
+    accepted_by_rank = [r.accepted for r in res.records]
+    given = 0
+    for i, call in enumerate(calls):
+        # every earlier call was scanned in full, so given == scanned here
+        acc = sum(accepted_by_rank[:given])
+        left = budget - given
+        want = min(chunk, k_rep - acc, left)
+        want = min(-(-want // multiple) * multiple, left, candidates - given)
+        assert len(call) == want, (i, calls)
+        given += len(call)
+    assert list(res.chunk_groups) == [len(c) for c in calls]
+    assert res.scored_groups == given and res.scorer_calls == len(calls)
+    assert len(res.records) <= given <= len(res.records) + multiple - 1
+    if multiple == 1:
+        assert given == len(res.records)  # nothing given to the scorer goes unused
+
+
+def test_chunks_ask_only_for_what_the_scan_can_use(synth):
+    # k_rep = 2 with chunks of 16 (the issue's tiny run): 2 groups first, then 1 per rejection
+    def run(multiple, tau=0.25, **kw):
+        buf = HeadroomDriftBuffer(capacity=40, k_rep=2, tau=tau, scan_chunk_groups=16,
+                                  ingress="nonzero_advantage", **kw)
+        buf.admit(synth.step_groups(5, 0, 30), step=0)
+        sc = synth.SynthScorer(1)
+        return buf.select(1, sc, chunk_multiple=multiple), sc, buf
+
+    one, sc1, _ = run(1)
+    assert [r.accepted for r in one.records].count(False) >= 1  # the scan had to go on
+    assert sc1.calls[0] == [r.group_id for r in one.records[:2]] and len(sc1.calls[0]) == 2
+    assert all(len(c) == 1 for c in sc1.calls[1:])
+    assert one.scored_groups == len(one.records)
+    for multiple in (2, 3, 5, 16):
+        res, sc, _ = run(multiple)
+        assert res.accepted_ids == one.accepted_ids and res.records == one.records
+        assert _stats_wo_timing(res) == _stats_wo_timing(one)
+        assert all(len(c) % multiple == 0 for c in sc.calls[:-1])
+    # a scan budget caps the rounded-up chunk: never a group that cannot be scanned
+    res, sc, _ = run(8, tau=0.0, max_scan_groups=3)
+    assert [len(c) for c in sc.calls] == [3] and res.scored_groups == 3
+    with pytest.raises(ValueError, match="chunk_multiple"):
+        run(0)
+
+
+def test_forward_rows_counts_the_dispatch_padding(synth):
+    buf = HeadroomDriftBuffer(capacity=40, k_rep=3, tau=0.25, scan_chunk_groups=4,
+                              ingress="nonzero_advantage")
+    buf.admit(synth.step_groups(5, 0, 30), step=0)
+    sc = synth.SynthScorer(1)
+    res = buf.select(1, sc)
+    groups = buf.groups_by_id
+    assert res.chunk_rows == tuple(sum(groups[gid].n for gid in call) for call in sc.calls)
+    assert res.forward_rows() == sum(res.chunk_rows)
+    assert res.forward_rows(8) == sum(-(-rows // 8) * 8 for rows in res.chunk_rows)
+    assert res.forward_rows(8) % 8 == 0 and res.forward_rows(8) >= sum(res.chunk_rows)
+    with pytest.raises(ValueError, match="row_multiple"):
+        res.forward_rows(0)
+
+
+def test_scan_chunk_multiple_never_adds_forward_rows():
+    assert scan_chunk_multiple(8, 24) == 3 and scan_chunk_multiple(4, 4) == 1
+    assert scan_chunk_multiple(8, 12) == 1 and scan_chunk_multiple(8, 4) == 1
+    assert scan_chunk_multiple(1, 16) == 16
+    for n in range(1, 13):
+        for r in range(1, 49):
+            m = scan_chunk_multiple(n, r)
+            for c in range(1, 61):
+                padded = -(-c * n // r) * r  # rows through the forward for c groups
+                rounded = -(-c // m) * m * n  # rows of the rounded-up chunk, before padding
+                assert -(-rounded // r) * r == padded  # same forward, padding replaced
+                if r % n == 0:
+                    assert rounded == padded  # ... by real candidates, entirely
+    for bad in ((0, 4), (4, 0), (2.0, 4)):
+        with pytest.raises(ValueError):
+            scan_chunk_multiple(*bad)
 
 
 def test_heap_compaction_bounds_stale_entries(synth):
-    buf = HeadroomDriftBuffer(capacity=5, k_rep=1, tau=math.inf, scan_chunk_groups=2,
-                              ingress="nonzero_advantage")
-    for step in range(60):
-        buf.admit(synth.step_groups(3, step, 5), step)
-        buf.select(step, synth.SynthScorer(step))
-        assert len(buf._heap) <= 2 * len(buf) + 64 + 5
-        assert set(buf._live) == {g.group_id for g in buf}
+    for capacity, per_step in ((5, 5), (600, 40)):
+        buf = HeadroomDriftBuffer(capacity=capacity, k_rep=8, tau=math.inf, scan_chunk_groups=3,
+                                  ingress="nonzero_advantage")
+        compacted = False
+        for step in range(60):
+            before = len(buf._heap)
+            buf.admit(synth.step_groups(3, step, per_step), step)
+            buf.select(step, synth.SynthScorer(step))
+            compacted |= len(buf._heap) < before
+            # stale entries stay within a quarter of the live ones (+ slack)
+            assert len(buf._heap) - len(buf) <= len(buf) // 4 + 64
+            # every group has exactly one live entry, and it is in the heap
+            live = {id(e): e[3] for e in buf._heap if buf._is_live(e)}
+            assert sorted(live.values()) == sorted(g.group_id for g in buf)
+            assert all(id(g._rank) in live for g in buf)
+        assert compacted
 
 
 # ----------------------------------------------------------------------------- persistence
@@ -476,14 +664,7 @@ def test_state_dict_roundtrip_exact(synth):
     a, _ = _run(synth, 3, steps=6, capacity=15, max_scan_groups=9, tau=0.2)
     b = _fresh()
     b.load_state_dict(a.state_dict())
-    assert [g.group_id for g in a] == [g.group_id for g in b]
-    for ga, gb in zip(a, b):
-        for name in ("prompt_ids", "response_ids", "response_lengths", "response_mask",
-                     "gen_log_probs", "advantages", "correct", "scores"):
-            assert torch.equal(getattr(ga, name), getattr(gb, name)), name
-        assert (ga.birth_step, ga.insert_seq, ga.headroom_ref, ga.headroom_cached,
-                ga.replay_count, ga.meta) == (gb.birth_step, gb.insert_seq, gb.headroom_ref,
-                                               gb.headroom_cached, gb.replay_count, gb.meta)
+    _same_contents(a, b)
 
 
 def test_resume_equivalence(synth, tmp_path):
@@ -512,6 +693,67 @@ def test_resume_equivalence(synth, tmp_path):
     # from_file rebuilds the configuration too
     d = HeadroomDriftBuffer.from_file(path)
     assert d.config() == _fresh().config() and len(d) == 15
+
+
+def _v1_state(buf) -> dict:
+    """The format-1 state of earlier versions (one concatenated tensor per field)."""
+    gs = list(buf)
+
+    def cat(name):
+        return torch.cat([getattr(g, name) for g in gs])
+
+    def scal(name, dtype):
+        return torch.tensor([getattr(g, name) for g in gs], dtype=dtype)
+
+    return {"format": 1, "kind": buf._KIND, "config": buf.config(),
+            "next_group_id": buf._next_group_id, "next_insert_seq": buf._next_insert_seq,
+            "groups": {"prompt_lengths": torch.tensor([g.prompt_ids.numel() for g in gs]),
+                       "group_sizes": torch.tensor([g.n for g in gs]),
+                       **{k: cat(k) for k in FIELDS},
+                       "group_id": scal("group_id", torch.int64),
+                       "birth_step": scal("birth_step", torch.int64),
+                       "insert_seq": scal("insert_seq", torch.int64),
+                       "headroom_ref": scal("headroom_ref", torch.float64),
+                       "headroom_cached": scal("headroom_cached", torch.float64),
+                       "replay_count": scal("replay_count", torch.int64),
+                       "meta": [g.meta for g in gs]}}
+
+
+def _same_contents(a, b):
+    assert [g.group_id for g in a] == [g.group_id for g in b]
+    for ga, gb in zip(a, b):
+        for name in FIELDS:
+            assert torch.equal(getattr(ga, name), getattr(gb, name)), name
+        assert (ga.birth_step, ga.insert_seq, ga.headroom_ref, ga.headroom_cached,
+                ga.replay_count, ga.meta) == (gb.birth_step, gb.insert_seq, gb.headroom_ref,
+                                               gb.headroom_cached, gb.replay_count, gb.meta)
+
+
+def test_format_1_files_of_earlier_versions_still_load(synth, tmp_path):
+    import hashlib
+    import io
+
+    from verl_replay.headroom_drift.buffer import _FILE_MAGIC
+
+    a, _ = _run(synth, 3, steps=6, capacity=15, max_scan_groups=9, tau=0.2)
+    raw = io.BytesIO()
+    torch.save(_v1_state(a), raw)
+    payload = raw.getvalue()
+    path = tmp_path / "v1.pt"
+    path.write_bytes(_FILE_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
+                     + str(len(payload)).encode() + b"\n" + payload)
+    b = _fresh()
+    b.load(path)
+    _same_contents(a, b)
+    # and the next selections agree
+    ra, rb = a.select(6, synth.SynthScorer(6)), b.select(6, synth.SynthScorer(6))
+    assert ra.records == rb.records and ra.accepted_ids == rb.accepted_ids
+    with pytest.raises(ValueError, match="format 3"):
+        _fresh().load_state_dict({**a.state_dict(), "format": 3})
+    broken = a.state_dict()
+    broken["groups"]["packed_sizes"] = broken["groups"]["packed_sizes"] + 1
+    with pytest.raises(ValueError, match="packed sizes"):
+        _fresh().load_state_dict(broken)
 
 
 def test_corrupted_truncated_and_foreign_files_refused(synth, tmp_path):
@@ -554,8 +796,9 @@ def test_naive_buffer_newest_first_no_scorer(synth, tmp_path):
     assert res.groups == [] and res.stats["accepted"] == 0.0
     buf.admit([_group([1, 0], [1.0, -1.0]) for _ in range(3)], step=0)
     buf.admit([_group([1, 0], [1.0, -1.0]) for _ in range(5)], step=1)  # evicts ids 0, 1
-    res = buf.select(2, None)
+    res = buf.select(2, None, chunk_multiple=4)  # same call as the Headroom-Drift buffer
     assert res.accepted_ids == [7, 6, 5, 4]
+    assert res.forward_rows(8) == 0 and res.scored_groups == 0
     assert [g.replay_count for g in buf] == [0, 0, 1, 1, 1, 1]
     s = res.stats
     assert s["accepted"] == 4.0 and s["fill_ratio"] == 1.0 and s["age_accepted/max"] == 1.0
@@ -568,3 +811,5 @@ def test_naive_buffer_newest_first_no_scorer(synth, tmp_path):
     again = NaiveReplayBuffer.from_file(tmp_path / "n.pt")
     assert [g.group_id for g in again] == [g.group_id for g in buf]
     assert again.select(3, None).accepted_ids == buf.select(3, None).accepted_ids
+    with pytest.raises(ValueError, match="chunk_multiple"):
+        buf.select(4, None, chunk_multiple=0)

@@ -259,8 +259,8 @@ def test_naive_replay_baseline_r256(dry) -> None:
     config = dry["naive_r256"].config
     check_split_placement(config)
     assert config["replay"]["strategy"] == "naive" and config["replay"]["k_rep"] == 32
-    # b256 + r256: 2 rounds of 16 fresh + 16 replayed groups, 4 steps of 8 groups each
-    assert config["trainer"]["v1"]["separate_async"]["parameter_sync_step"] == 2
+    # b256 + r256: 4 rounds of 8 fresh + 8 replayed groups, 2 steps of 8 groups each
+    assert config["trainer"]["v1"]["separate_async"]["parameter_sync_step"] == 4
     assert config["replay"]["ppo_mini_batch_size"] == 8
     assert config["data"]["train_batch_size"] == 32
     assert config["run_dir"].endswith("/naive_b256_r256")
@@ -340,18 +340,55 @@ def _check_eval(eval_dir: Path, benchmark: str) -> dict:
     return results
 
 
+# The recipe's TINY=1 path is the full recipe scaled down: verl's separate_async trainer, one training
+# and one rollout worker, the CPU weight-sync engine, 2 update rounds per global step.
+TINY_SPLIT = ("trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.hybrid_engine=False",
+              "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_gloo",
+              "trainer.v1.separate_async.parameter_sync_step=2")
+
+
+def check_replay_once_per_global_step(run_dir: Path, metrics: list[dict], k_rep: int) -> None:
+    from verl_replay.headroom_drift.events import read_events
+
+    events = read_events(run_dir / "replay_events.jsonl")
+    born = {e["group_id"]: e["step"] for e in events if e["event"] == "ingress"}
+    scans = [e for e in events if e["event"] == "scan"]
+    assert all(e["step"] > born[e["group_id"]] for e in scans), "a group was scanned in the step it was admitted"
+    accepted = [(e["step"], e["group_id"]) for e in scans if e["accepted"]]
+    assert len(accepted) == len(set(accepted)), "a group was replayed twice in one global step"
+    for m in metrics:
+        step = m["step"]
+        in_log = sum(1 for s, _ in accepted if s == step)
+        assert m["data"]["replay/accepted"] == in_log <= k_rep, (step, m["data"]["replay/accepted"], in_log)
+
+
+def test_tiny_recipe_dry_run_prints_the_split_placement(tmp_path) -> None:
+    run = run_recipe("headroom_drift_math.sh", {**_tiny_env(tmp_path), "DRY_RUN": "1", "STAGES": "train"},
+                     timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    config = run.config
+    assert config["trainer"]["v1"]["trainer_mode"] == "separate_async"
+    assert config["trainer"]["v1"]["separate_async"]["parameter_sync_step"] == 2
+    assert config["actor_rollout_ref"]["rollout"]["checkpoint_engine"]["backend"] == "cpu_gloo"
+    assert config["actor_rollout_ref"]["rollout"]["name"] == "hf" and config["trainer"]["device"] == "cpu"
+    assert (config["actor_rollout_ref"]["rollout"]["nnodes"], config["actor_rollout_ref"]["rollout"]["n_gpus_per_node"]) == (1, 1)
+
+
 @pytest.mark.e2e
 def test_tiny_headroom_drift_recipe_runs_every_stage(tmp_path) -> None:
-    run = run_recipe("headroom_drift_math.sh", _tiny_env(tmp_path), timeout=1200)
+    env = {**_tiny_env(tmp_path), "TOTAL_STEPS": "5", "TRAIN_PROMPTS": "4", "PPO_MINI_PROMPTS": "2", "K_REP": "2",
+           "TAU": "10"}
+    run = run_recipe("headroom_drift_math.sh", env, timeout=1200)
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    train = run.command("train")
+    assert all(override in train for override in TINY_SPLIT), train
     run_dir = tmp_path / "out" / "headroom_drift_math" / "hd_b16_r8"
     metrics = _metrics(run_dir)
-    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
     accepted = [m["data"]["replay/accepted"] for m in metrics]
-    assert accepted[0] == 0 and all(a <= 2 for a in accepted)  # K_REP=2 per global step (2 rounds)
-    assert sum(accepted) > 0  # the tiny model drifts ~0.03-0.05 per update: TAU=0.08 admits groups
-    assert (run_dir / "replay_events.jsonl").stat().st_size > 0
-    hf_model = run_dir / "checkpoints" / "global_step_3" / "actor" / "huggingface"
+    assert accepted[0] == 0 and sum(accepted) > 0  # TAU=10 accepts every scanned group
+    check_replay_once_per_global_step(run_dir, metrics, k_rep=2)
+    hf_model = run_dir / "checkpoints" / "global_step_5" / "actor" / "huggingface"
     assert (hf_model / "config.json").is_file()
     evaluation = run.command("eval")
     assert flag(evaluation, "--model") == str(hf_model) and flag(evaluation, "--backend") == "hf"
@@ -366,6 +403,7 @@ def test_tiny_elite_recipe_runs_every_stage(tmp_path) -> None:
     archive = project / "archive" / "elite_archive.parquet"
     manifest = json.loads(Path(f"{archive}.manifest.json").read_text())
     assert archive.is_file() and manifest["num_entries"] >= 1 and manifest["domain"] == "sql"
+    assert all(override in run.command("train") for override in TINY_SPLIT)
     run_dir = project / "elite_q4x4"
     metrics = _metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3]

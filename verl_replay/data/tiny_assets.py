@@ -1,30 +1,44 @@
-"""Deterministic tiny local assets for CPU tests and runs: tokenizer, model, RL datasets.
+"""Deterministic tiny local assets for CPU tests and runs: tokenizer, models, RL datasets.
 
 Nothing is downloaded. From one seed this builds:
 
 - a byte-level BPE tokenizer trained with ``tokenizers`` on the tiny datasets' text (any UTF-8
-  text still encodes), Qwen-style chat template (``<|im_start|>role\\n...<|im_end|>\\n``),
-  eos ``<|im_end|>``, pad ``<|endoftext|>``, digits split one per token like Qwen;
-- a tiny causal LM (default ``Qwen3_5ForCausalLM`` with hybrid linear/full attention;
-  ``model_arch="qwen2"`` gives a tiny ``Qwen2ForCausalLM``), randomly initialised and then
-  warm-started with a short, seeded supervised pass on the training answers in the format the
-  rewards accept, so that sampled answers are right some of the time: GRPO needs groups whose
-  answers disagree (a random model scores 0 everywhere and every advantage is 0). Saved with the
-  tokenizer in one directory that ``AutoTokenizer`` / ``AutoModelForCausalLM`` load;
+  text still encodes), Qwen-style chat template (``<|im_start|>role\\n...<|im_end|>\\n``; list
+  content with text / image / video parts like Qwen3.5's), eos ``<|im_end|>``, pad
+  ``<|endoftext|>``, Qwen's vision tokens (``<|vision_start|>``, ``<|image_pad|>``, ...), digits
+  split one per token like Qwen;
+- two tiny models of Qwen3.5-4B's architecture (default ``model_arch="qwen3_5"``): a
+  ``Qwen3_5ForConditionalGeneration`` (hybrid linear/full attention text model, M-RoPE, a
+  one-block vision tower) with a ``Qwen3VLProcessor`` saved beside it, so that verl loads the
+  processor and builds (4, L) M-RoPE position ids, the multimodal fields and the Qwen-VL chat
+  path exactly as for the real checkpoint. ``model_arch="qwen2"`` gives a text-only
+  ``Qwen2ForCausalLM`` (no processor). Randomly initialised, then warm-started with a short,
+  seeded supervised pass on the training answers in the format the rewards accept, so that
+  sampled answers are right some of the time: GRPO needs groups whose answers disagree (a random
+  model scores 0 everywhere and every advantage is 0). Each is saved with the tokenizer in one
+  directory that ``AutoTokenizer`` / ``AutoProcessor`` / ``AutoModelForImageTextToText`` load;
 - ``tiny_math`` and ``tiny_sql`` RL parquet files (train/val) and the SQLite databases.
 
 Layout under the root::
 
-    model/            config.json, model.safetensors, generation_config.json, tokenizer files
+    model/            config.json, model.safetensors, generation_config.json, tokenizer files,
+                      chat_template.jinja, preprocessor_config.json, video_preprocessor_config.json,
+                      processor_config.json (warm-started on tiny_math)
+    model_sql/        the same files, warm-started on tiny_sql
     math/{train,val}.parquet
     sql/{train,val}.parquet
     sql/databases/<db_id>/<db_id>.sqlite
     MANIFEST.json     written last: format version, seed, arch, sha256 of every file, stats
 
+Loading the processor needs torchvision (transformers' Qwen3-VL video processor); on a CPU host
+without it, ``verl_replay.integrations.verl.vl_processor`` makes it loadable for text and image
+rows (verl's CPU support installs it in every process).
+
 CPU caveat (Qwen3.5): without flash-linear-attention the gated-delta-net layers run a torch
 fallback that ignores packed-sequence boundaries, so padding-free packed rows (verl's
-``use_remove_padding``) do not equal separate rows on CPU; padded batches are exact. The
-``qwen2`` model has no such layer and packs exactly (sdpa, ``use_cache=False``).
+``use_remove_padding``) do not equal separate rows on CPU (verl's patched Qwen3.5 forward, given
+``cu_seqlens``, comes closer but still differs by ~5e-3 in the logits); padded batches are exact.
+The ``qwen2`` model has no such layer and packs exactly (sdpa, ``use_cache=False``).
 
 Caching and concurrency: a root whose manifest matches (version, seed, arch) and whose files
 match their hashes is returned as is. Otherwise the build runs under an exclusive file lock
@@ -55,19 +69,29 @@ from verl_replay.data.tiny_sql import TINY_SQL_SOURCE, build_tiny_sql
 
 # Bump when the layout, the generators or the model/tokenizer recipe change: old caches are
 # then ignored because the default directory name and the manifest both carry the version.
-ASSET_FORMAT_VERSION = 2
+ASSET_FORMAT_VERSION = 3
 MODEL_ARCHS = ("qwen3_5", "qwen2")
 DEFAULT_MODEL_ARCH = "qwen3_5"
 MANIFEST_NAME = "MANIFEST.json"
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+# Qwen3.5's vision placeholders: its processor and config name them, even for text-only rows.
+VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
 TARGET_VOCAB_SIZE = 1024
 MAX_POSITIONS = 1024
-# Qwen-style template; generation prompt opens the assistant turn.
+# Qwen-style template; generation prompt opens the assistant turn. Content is a string or, as
+# processors pass it, a list of parts; image / video parts render Qwen's vision placeholders.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}"
+    "{%- else %}{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'text' %}{{- part['text'] }}"
+    "{%- elif part['type'] in ('image', 'image_url') %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif part['type'] == 'video' %}{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- endif %}{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
@@ -217,7 +241,8 @@ def _train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
     return tok
 
 
-def _save_tokenizer(tok: Any, model_dir: Path) -> Any:
+def _fast_tokenizer(tok: Any) -> Any:
+    """The transformers tokenizer saved into each model directory (by ``_save_model``)."""
     from transformers import PreTrainedTokenizerFast
 
     hf_tok = PreTrainedTokenizerFast(
@@ -227,20 +252,39 @@ def _save_tokenizer(tok: Any, model_dir: Path) -> Any:
         model_max_length=MAX_POSITIONS,
         chat_template=CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,
-        extra_special_tokens=[IM_START],
+        extra_special_tokens=[IM_START, VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD],
     )
-    hf_tok.save_pretrained(model_dir)
     return hf_tok
 
 
 # --------------------------------------------------------------------------- model
 
 
-def tiny_model_config(model_arch: str, vocab_size: int, *, eos_id: int, pad_id: int) -> Any:
-    """Config of the tiny random model (hidden 64, 2 layers, 4 heads, intermediate 128)."""
+TEXT_HIDDEN_SIZE = 64
+# Qwen3.5-4B's processor geometry (16-pixel patches, 2 frames per temporal patch, 2x2 merge);
+# small pixel bounds keep any image test cheap on the one-block vision tower.
+PATCH_SIZE, TEMPORAL_PATCH_SIZE, MERGE_SIZE = 16, 2, 2
+IMAGE_MIN_PIXELS, IMAGE_MAX_PIXELS = 32 * 32, 128 * 128
+
+
+def tiny_model_config(
+    model_arch: str,
+    vocab_size: int,
+    *,
+    eos_id: int,
+    pad_id: int,
+    vision_token_ids: Mapping[str, int] | None = None,
+) -> Any:
+    """Config of the tiny random model: text model hidden 64, 2 layers, 4 heads, intermediate 128.
+
+    ``qwen3_5``: a ``Qwen3_5Config`` (what Qwen3.5-4B's ``config.json`` holds) whose text model
+    has one gated-delta-net (linear attention) layer and one full-attention layer, interleaved
+    M-RoPE over (t, h, w) sections like the real model, and a one-block vision tower.
+    ``vision_token_ids`` maps the vision special tokens to their ids (required for ``qwen3_5``).
+    """
     common = dict(
         vocab_size=vocab_size,
-        hidden_size=64,
+        hidden_size=TEXT_HIDDEN_SIZE,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -253,25 +297,89 @@ def tiny_model_config(model_arch: str, vocab_size: int, *, eos_id: int, pad_id: 
         dtype="float32",
     )
     if model_arch == "qwen3_5":
-        from transformers import Qwen3_5TextConfig
+        from transformers import Qwen3_5Config
 
-        # One gated-delta-net (linear attention) layer followed by one full-attention layer:
-        # the smallest model that exercises both kinds of layer of the real Qwen3.5.
-        return Qwen3_5TextConfig(
+        if vision_token_ids is None or set(vision_token_ids) != {VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD}:
+            raise ValueError(f"qwen3_5 needs the ids of {VISION_START}, {VISION_END}, {IMAGE_PAD}, {VIDEO_PAD}")
+        text_config = dict(
             **common,
-            head_dim=16,
+            head_dim=32,
             layer_types=["linear_attention", "full_attention"],
             linear_conv_kernel_dim=4,
             linear_key_head_dim=16,
             linear_value_head_dim=16,
             linear_num_key_heads=2,
             linear_num_value_heads=4,
+            # Qwen3.5 rotates a quarter of each head (here 8 of 32 dims = 4 frequencies), split
+            # over the temporal / height / width position rows (real model: [11, 11, 10]).
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10_000_000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        )
+        vision_config = dict(
+            depth=1,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            in_channels=3,
+            patch_size=PATCH_SIZE,
+            temporal_patch_size=TEMPORAL_PATCH_SIZE,
+            spatial_merge_size=MERGE_SIZE,
+            out_hidden_size=TEXT_HIDDEN_SIZE,
+            num_position_embeddings=64,  # an 8 x 8 grid of learned position embeddings
+        )
+        return Qwen3_5Config(
+            text_config=text_config,
+            vision_config=vision_config,
+            image_token_id=vision_token_ids[IMAGE_PAD],
+            video_token_id=vision_token_ids[VIDEO_PAD],
+            vision_start_token_id=vision_token_ids[VISION_START],
+            vision_end_token_id=vision_token_ids[VISION_END],
+            tie_word_embeddings=True,
+            dtype="float32",
         )
     if model_arch == "qwen2":
         from transformers import Qwen2Config
 
         return Qwen2Config(**common)
     raise ValueError(f"model_arch must be one of {MODEL_ARCHS}, got {model_arch!r}")
+
+
+def _model_class(model_arch: str) -> Any:
+    """The class of the checkpoint (``architectures[0]``), i.e. what verl's actor instantiates."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    # AutoModelForCausalLM maps qwen3_5 to the text-only Qwen3_5ForCausalLM.
+    return AutoModelForImageTextToText if model_arch == "qwen3_5" else AutoModelForCausalLM
+
+
+def _save_processor(model_dir: Path, hf_tok: Any) -> str:
+    """Qwen3.5's processor files next to the tokenizer's: image and video preprocessor configs and
+    ``processor_config.json`` naming ``Qwen3VLProcessor`` (the class ``AutoProcessor`` builds).
+
+    Written piece by piece: building the ``Qwen3VLProcessor`` object itself needs torchvision,
+    which loading does not need on the paths we use (see ``integrations.verl.vl_processor``)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    geometry = dict(patch_size=PATCH_SIZE, temporal_patch_size=TEMPORAL_PATCH_SIZE, merge_size=MERGE_SIZE)
+    normalise = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    # The PIL backend: its saved config is the same with or without torchvision installed.
+    Qwen2VLImageProcessorPil(
+        **geometry, **normalise, size={"shortest_edge": IMAGE_MIN_PIXELS, "longest_edge": IMAGE_MAX_PIXELS}
+    ).save_pretrained(model_dir)
+    Qwen3VLVideoProcessor(
+        **geometry, **normalise, size={"shortest_edge": IMAGE_MIN_PIXELS, "longest_edge": 4 * IMAGE_MAX_PIXELS}
+    ).save_pretrained(model_dir)
+    processor_class = "Qwen3VLProcessor"
+    (model_dir / "processor_config.json").write_text(
+        json.dumps({"processor_class": processor_class}, indent=2) + "\n", encoding="utf-8"
+    )
+    return processor_class
 
 
 _REPORTED_CONFIG_KEYS = {
@@ -289,7 +397,34 @@ _REPORTED_CONFIG_KEYS = {
     "eos_token_id",
     "pad_token_id",
     "bos_token_id",
+    "rope_parameters",
 }
+_REPORTED_VISION_KEYS = {"depth", "hidden_size", "num_heads", "patch_size", "spatial_merge_size", "out_hidden_size"}
+
+
+def _reported_config(config: Any) -> dict[str, Any]:
+    text = config.get_text_config().to_dict()
+    report = {k: v for k, v in text.items() if k in _REPORTED_CONFIG_KEYS}
+    report["model_type"] = config.model_type
+    vision = getattr(config, "vision_config", None)
+    if vision is not None:
+        report["vision"] = {k: v for k, v in vision.to_dict().items() if k in _REPORTED_VISION_KEYS}
+    return report
+
+
+@contextlib.contextmanager
+def _single_thread() -> Iterator[None]:
+    """One intra-op thread for the warm start: a hidden size of 64 gains nothing from more, and on
+    a busy 2-core machine extra threads made each step 6-20x slower. A fixed thread count also
+    keeps the float reductions, hence the weights, the same on every machine."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 @contextlib.contextmanager
@@ -370,25 +505,31 @@ def _save_model(
     warm_start_steps: int,
 ) -> dict[str, Any]:
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
     eos_id = hf_tok.convert_tokens_to_ids(IM_END)
     pad_id = hf_tok.convert_tokens_to_ids(ENDOFTEXT)
-    config = tiny_model_config(model_arch, len(hf_tok), eos_id=eos_id, pad_id=pad_id)
+    vision_ids = {t: hf_tok.convert_tokens_to_ids(t) for t in (VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)}
+    config = tiny_model_config(model_arch, len(hf_tok), eos_id=eos_id, pad_id=pad_id, vision_token_ids=vision_ids)
     # Private RNG stream: the same seed gives the same weights whatever the caller did before.
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), _single_thread():
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = _model_class(model_arch).from_config(config, dtype=torch.float32)
         warm_start_loss = _warm_start(model, hf_tok, warm_start_pairs, seed, warm_start_steps)
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
     with _quiet_progress_bars():
         model.save_pretrained(model_dir, safe_serialization=True)
-    return {
+    hf_tok.save_pretrained(model_dir)
+    info = {
         "class": type(model).__name__,
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "warm_start": {"steps": warm_start_steps, "batch": WARM_START_BATCH, "final_loss": warm_start_loss},
-        "config": {k: v for k, v in config.to_dict().items() if k in _REPORTED_CONFIG_KEYS},
+        "config": _reported_config(config),
     }
+    if model_arch == "qwen3_5":
+        info["processor"] = _save_processor(model_dir, hf_tok)
+        info["vision_parameters"] = sum(p.numel() for p in model.model.visual.parameters())
+    return info
 
 
 # --------------------------------------------------------------------------- build
@@ -433,7 +574,7 @@ def _build_into(tmp: Path, final_root: Path, seed: int, model_arch: str, warm_st
         prompt_texts["sql_train"] + prompt_texts["sql_val"],
         prompt_texts["math_train"] + prompt_texts["math_val"],
     )
-    hf_tok = _save_tokenizer(_train_tokenizer(corpus, TARGET_VOCAB_SIZE), staged.model_dir)
+    hf_tok = _fast_tokenizer(_train_tokenizer(corpus, TARGET_VOCAB_SIZE))
     warm_start_pairs = {
         "math": [(r["prompt"], f"\\boxed{{{r['reward_model']['ground_truth']}}}") for r in rows["math_train"]],
         "sql": [(r["prompt"], f"```sql\n{r['reward_model']['ground_truth']}\n```") for r in rows["sql_train"]],
@@ -441,7 +582,6 @@ def _build_into(tmp: Path, final_root: Path, seed: int, model_arch: str, warm_st
     model_info = _save_model(
         staged.model_dir, model_arch, seed, hf_tok, warm_start_pairs["math"], warm_start_steps["math"]
     )
-    hf_tok.save_pretrained(staged.sql_model_dir)
     model_info["sql_model"] = _save_model(
         staged.sql_model_dir, model_arch, seed, hf_tok, warm_start_pairs["sql"], warm_start_steps["sql"]
     )["warm_start"]

@@ -28,7 +28,7 @@ __all__ = ["HFBackend"]
 
 
 class HFBackend(GenerationBackend):
-    """``transformers`` causal LM in eval mode, no gradients (frozen base model)."""
+    """``transformers`` generative model in eval mode, no gradients (frozen base model)."""
 
     def __init__(
         self,
@@ -41,7 +41,7 @@ class HFBackend(GenerationBackend):
         trust_remote_code: bool = False,
     ) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+        from transformers import AutoTokenizer, GenerationConfig
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -58,9 +58,7 @@ class HFBackend(GenerationBackend):
             tokenizer.pad_token = tokenizer.eos_token  # padding is masked, any id works
         self._tokenizer = tokenizer
 
-        model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=_torch_dtype(dtype), trust_remote_code=trust_remote_code
-        )
+        model = _load_model(self.model_path, _torch_dtype(dtype), trust_remote_code)
         model.to(self.device)
         model.eval()
         model.requires_grad_(False)
@@ -176,6 +174,22 @@ class HFBackend(GenerationBackend):
             )
             grouped[row // draws].extend([generation] * (n // draws))
         return grouped
+
+
+def _load_model(model_path: str, dtype: Any, trust_remote_code: bool) -> Any:
+    """The checkpoint's own class (``config.architectures[0]``) when transformers has it, else
+    ``AutoModelForCausalLM``. A vision-language checkpoint such as Qwen3.5-4B is a
+    ``...ForConditionalGeneration``; ``AutoModelForCausalLM`` would build a text-only class with
+    other module names, not the model verl trains and vLLM serves."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    architectures = getattr(config, "architectures", None) or []
+    model_cls = getattr(transformers, architectures[0], None) if architectures else None
+    if model_cls is None or not hasattr(model_cls, "generate"):
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
+    return model_cls.from_pretrained(model_path, dtype=dtype)
 
 
 def _chosen_logprobs(step_logits: Sequence[Any], tokens: Any) -> Any:

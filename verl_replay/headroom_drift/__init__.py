@@ -2,7 +2,8 @@
 
 * :mod:`~verl_replay.headroom_drift.scores`: Headroom, Policy Drift, replay KL (padded and ragged).
 * :mod:`~verl_replay.headroom_drift.buffer`: ``ReplayGroup``, ``HeadroomDriftBuffer``,
-  ``NaiveReplayBuffer``, ``SelectionResult``.
+  ``NaiveReplayBuffer``, ``SelectionResult``, ``scan_chunk_multiple``.
+* :mod:`~verl_replay.headroom_drift.packing`: the compact encodings a stored group is made of.
 * :mod:`~verl_replay.headroom_drift.events`: JSONL event log (no torch import).
 
 Names are resolved lazily so that importing the event log (e.g. from the plotting script)
@@ -30,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "NaiveReplayBuffer": "buffer",
     "SelectionResult": "buffer",
     "ScanRecord": "buffer",
+    "scan_chunk_multiple": "buffer",
     "ReplayEventLog": "events",
     "read_events": "events",
 }

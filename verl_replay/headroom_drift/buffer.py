@@ -4,27 +4,34 @@ Data layout
 -----------
 A :class:`ReplayGroup` stores one whole GRPO group without padding: the responses are
 concatenated into flat ``[L]`` tensors (``L = sum(response_lengths)``) and all per-token data
-(ids, mask, generation-time log-probs) share that layout.
+(ids, mask, generation-time log-probs) share that layout. A group keeps all of it, metadata
+included, in one ``bytes`` object (token ids in 2-4 bytes, bits packed, metadata in a compact
+binary encoding: :mod:`~verl_replay.headroom_drift.packing`), because a buffer holds ~1e5
+groups for a whole run and per-object overheads (a torch tensor, a Python dict) would cost more
+than the tokens.
 
 Scorer contract (:meth:`HeadroomDriftBuffer.select`)
 -----------------------------------------------------
 ``scorer(groups: list[ReplayGroup]) -> list[Tensor]`` returns, for each group in order, the
 *current* policy's teacher-forced log-probs of ``group.response_ids`` as a 1-D floating tensor
 of length ``group.num_tokens`` in the same flat layout as ``group.gen_log_probs`` (any device;
-values at masked positions are ignored). It is called once per scan chunk with at most
-``scan_chunk_groups`` groups and must not modify them. A chunked scan equals a one-by-one scan
+values at masked positions are ignored). It is called once per scan chunk and must not modify
+the groups. A chunk holds no more groups than the scan can still use: the smaller of
+``scan_chunk_groups`` and K_rep minus the groups accepted so far, rounded up to the caller's
+``chunk_multiple`` (groups that fill what the data-parallel dispatch would pad anyway) and
+capped by the scan budget and the candidates left. A chunked scan equals a one-by-one scan
 provided that a group's log-probs do not depend on which groups share its chunk.
 
 Complexity
 ----------
 Ranking lives in a binary heap of entries ``(-cached_H, -birth_step, insert_seq, group_id)``
-with lazy invalidation: ``self._live[group_id]`` is the group's one valid entry; refreshed or
-evicted groups leave stale entries that are dropped when popped, and the heap is rebuilt from
-the live entries when stale ones outnumber live ones (O(N) after at least N stale entries were
-created, i.e. amortised O(1) per refresh/eviction). A selection pops the scanned groups
-(plus the unused tail of the last chunk) and pushes them back: O((scanned + chunk) log N)
-amortised. FIFO order is an ``OrderedDict`` (O(1) append and evict-oldest). Nothing per step
-touches all N groups.
+with lazy invalidation: ``group._rank`` is the group's one valid entry; refreshed or evicted
+groups leave stale entries that are dropped when popped, and the heap is compacted when stale
+entries exceed a quarter of the live ones (O(N) after at least N/4 stale entries were created,
+i.e. amortised O(1) per refresh/eviction). A selection pops the scanned groups (plus the
+unused tail of the last chunk) and pushes them back: O((scanned + chunk) log N) amortised.
+FIFO order is a dict (insertion order) plus a deque of ids (O(1) append and evict-oldest).
+Nothing per step touches all N groups.
 
 Statistics (``SelectionResult.stats``; keys without the ``replay/`` prefix, all floats)
 -------------------------------------------------------------------------------------
@@ -55,10 +62,11 @@ import heapq
 import io
 import math
 import os
+import struct
 import time
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -68,6 +76,15 @@ import torch
 from torch import Tensor
 
 from verl_replay.headroom_drift.events import evict_record, ingress_record, scan_record
+from verl_replay.headroom_drift.packing import (
+    decode_meta,
+    encode_meta,
+    id_width,
+    pack_bits,
+    pack_ids,
+    unpack_bits,
+    unpack_ids,
+)
 from verl_replay.headroom_drift.scores import (
     DRIFT_NORMS,
     WEIGHTINGS,
@@ -83,14 +100,16 @@ __all__ = [
     "ScanRecord",
     "Scorer",
     "SelectionResult",
+    "scan_chunk_multiple",
 ]
 
 INGRESS_CRITERIA: tuple[str, ...] = ("answer_disagree", "nonzero_advantage")
 
 Scorer = Callable[[list["ReplayGroup"]], Sequence[Tensor]]
 
-_FILE_MAGIC = b"VERL-REPLAY-BUFFER v1\n"
-_STATE_FORMAT = 1
+_FILE_MAGIC = b"VERL-REPLAY-BUFFER v1\n"  # the container (hash header), not the state format
+_STATE_FORMAT = 2  # 2: packed groups; 1: one tensor per field + meta dicts (read, not written)
+_READABLE_FORMATS = (1, 2)
 
 
 # ============================================================================ ReplayGroup
@@ -122,101 +141,253 @@ def _response_level(token_adv: Tensor, valid: Tensor) -> Tensor:
     return out
 
 
-_PLAIN = (type(None), bool, int, float, str)
+# Packed group layout (little-endian; all offsets follow from the 16-byte header):
+#   header  u8 version, u8 flags, u8 id widths (prompt << 4 | response), u8 0, u32 n, u32 L, u32 P
+#   f32[L] gen_log_probs | f32[n] advantages | f32[n] scores
+#   u32[n] response_lengths | prompt ids (P x width) | response ids (L x width)
+#   correct bits ceil(n/8) | response_mask bits ceil(L/8) (absent when every token is valid)
+#   metadata (packing.encode_meta) up to the end
+_HEADER = struct.Struct("<BBBBIII")
+_GROUP_VERSION = 1
+_MASK_ALL_VALID = 1  # flag: no mask bits stored
+_U32_MAX = 2**32 - 1
 
 
-def _check_meta(value: Any, where: str) -> None:
-    """meta must survive ``torch.load(weights_only=True)``: plain Python types and tensors."""
-    if isinstance(value, _PLAIN) or isinstance(value, Tensor):
-        return
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _check_meta(v, f"{where}[{i}]")
-        return
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise ValueError(f"meta keys must be str, got {k!r} at {where}")
-            _check_meta(v, f"{where}[{k!r}]")
-        return
-    raise ValueError(
-        f"meta values must be None/bool/int/float/str/list/tuple/dict/Tensor, got "
-        f"{type(value).__name__} at {where} (convert numpy scalars with .item())"
-    )
+class _Layout:
+    """Section offsets of one packed group (computed on demand, never stored)."""
+
+    __slots__ = ("flags", "n", "L", "P", "wp", "wr", "adv", "sc", "len", "pid", "rid", "cor",
+                 "mask", "meta")
+
+    def __init__(self, buf: bytes) -> None:
+        if len(buf) < _HEADER.size:
+            raise ValueError("packed replay group is truncated (no header)")
+        version, flags, widths, _, n, L, P = _HEADER.unpack_from(buf)
+        if version != _GROUP_VERSION:
+            raise ValueError(f"packed replay group has version {version}, expected "
+                             f"{_GROUP_VERSION}")
+        self.flags, self.n, self.L, self.P = flags, n, L, P
+        self.wp, self.wr = widths >> 4, widths & 0xF
+        if self.wp not in (2, 3, 4) or self.wr not in (2, 3, 4) or flags & ~_MASK_ALL_VALID:
+            raise ValueError("packed replay group has an invalid header")
+        self.adv = _HEADER.size + 4 * L
+        self.sc = self.adv + 4 * n
+        self.len = self.sc + 4 * n
+        self.pid = self.len + 4 * n
+        self.rid = self.pid + self.wp * P
+        self.cor = self.rid + self.wr * L
+        self.mask = self.cor + (n + 7) // 8
+        self.meta = self.mask + (0 if flags & _MASK_ALL_VALID else (L + 7) // 8)
+        if self.meta >= len(buf):  # the metadata encoding is never empty
+            raise ValueError("packed replay group is truncated")
 
 
-@dataclass(eq=False)
+def _f32(buf: bytes, offset: int, count: int) -> Tensor:
+    """``count`` stored float32 values as a new tensor (a copy costs ~1 us per 1e4 values)."""
+    return torch.from_numpy(np.frombuffer(buf, "<f4", count, offset).astype(np.float32))
+
+
+def _pack_group(prompt_ids: Tensor, response_ids: Tensor, response_lengths: Tensor,
+                response_mask: Tensor, gen_log_probs: Tensor, advantages: Tensor,
+                correct: Tensor, scores: Tensor, meta_blob: bytes) -> bytes:
+    n, L, P = response_lengths.numel(), response_ids.numel(), prompt_ids.numel()
+    wp, wr = id_width(prompt_ids), id_width(response_ids)
+    all_valid = bool(response_mask.all())
+    flags = _MASK_ALL_VALID if all_valid else 0
+    parts = [
+        _HEADER.pack(_GROUP_VERSION, flags, wp << 4 | wr, 0, n, L, P),
+        gen_log_probs.numpy().astype("<f4", copy=False).tobytes(),
+        advantages.numpy().astype("<f4", copy=False).tobytes(),
+        scores.numpy().astype("<f4", copy=False).tobytes(),
+        response_lengths.numpy().astype("<u4").tobytes(),
+        pack_ids(prompt_ids, wp),
+        pack_ids(response_ids, wr),
+        pack_bits(correct),
+        b"" if all_valid else pack_bits(response_mask),
+        meta_blob,
+    ]
+    return b"".join(parts)  # one allocation; bytes: the stored anchor cannot be written to
+
+
+_BOOKKEEPING = ("group_id", "birth_step", "insert_seq", "headroom_ref", "headroom_cached",
+                "replay_count")
+
+
 class ReplayGroup:
     """One whole GRPO group (prompt + n responses), stored compactly without padding.
 
-    The constructor takes ownership of the tensors it is given (converting dtypes/devices when
-    needed, without copying otherwise); :meth:`from_padded` copies. ``gen_log_probs`` and
-    ``advantages`` are the immutable replay anchor: the buffer never writes to them, and callers
-    must not either. The bookkeeping fields below ``meta`` are owned by the buffer.
+    Everything the group holds lives in one immutable ``bytes`` object (layout above): token
+    ids in the narrowest of 2/3/4 bytes, the response mask and correctness bits packed 8 per
+    byte (no mask at all when every token is valid), log-probs/advantages/scores as float32,
+    and ``meta`` in a compact binary encoding (~5x smaller than pickle for verl rows). The
+    tensor attributes are read-only properties that decode into new tensors on every access
+    (dtypes as documented below), so the replay anchor (``gen_log_probs``, ``advantages``)
+    cannot be changed through them. ``meta`` returns a new dict on every access: assign
+    ``group.meta = {...}`` to change it.
+
+    The constructor copies what it is given into that storage; :meth:`from_padded` also drops
+    padding. The bookkeeping attributes after ``meta`` are owned by the buffer.
     """
 
-    prompt_ids: Tensor  # [P] int32, prompt without padding
-    response_ids: Tensor  # [L] int32, responses concatenated, L = sum(response_lengths)
-    response_lengths: Tensor  # [n] int64, tokens of each response (incl. masked tool tokens)
-    response_mask: Tensor  # [L] bool, True = token trained on / scored
-    gen_log_probs: Tensor  # [L] float32, generation-time log-probs l_gen (anchor)
-    advantages: Tensor  # [n] float32, stored response-level GRPO advantages A_i
-    correct: Tensor  # [n] bool, answer-correctness bits c_i
-    scores: Tensor  # [n] float32, rewards as scored at generation time
-    meta: dict[str, Any] = field(default_factory=dict)  # opaque per-group data (plain types)
-    group_id: int = -1  # assigned by the buffer at ingress (monotonic)
-    birth_step: int = -1  # training step of ingress
-    insert_seq: int = -1  # insertion sequence number (tie-break: earlier first)
-    headroom_ref: float = 0.0  # H_ref = H(g; l_gen), computed at ingress
-    headroom_cached: float = 0.0  # ranking key; H_ref, then H(g; l_theta) at each scan
-    replay_count: int = 0  # times accepted for replay
+    __slots__ = ("_buf", *_BOOKKEEPING, "_rank")
 
-    def __post_init__(self) -> None:
-        self.prompt_ids = _as_1d("prompt_ids", self.prompt_ids, torch.int32)
-        self.response_ids = _as_1d("response_ids", self.response_ids, torch.int32)
-        self.response_lengths = _as_1d("response_lengths", self.response_lengths, torch.int64)
-        self.response_mask = _as_1d("response_mask", self.response_mask, torch.bool)
-        if not torch.as_tensor(self.gen_log_probs).is_floating_point():
+    def __init__(
+        self,
+        prompt_ids: Tensor,  # [P] int32, prompt without padding
+        response_ids: Tensor,  # [L] int32, responses concatenated, L = sum(response_lengths)
+        response_lengths: Tensor,  # [n] int64, tokens of each response (incl. masked tool tokens)
+        response_mask: Tensor,  # [L] bool, True = token trained on / scored
+        gen_log_probs: Tensor,  # [L] float32, generation-time log-probs l_gen (anchor)
+        advantages: Tensor,  # [n] float32, stored response-level GRPO advantages A_i
+        correct: Tensor,  # [n] bool, answer-correctness bits c_i
+        scores: Tensor,  # [n] float32, rewards as scored at generation time
+        meta: dict[str, Any] | None = None,  # opaque per-group data (plain types)
+        group_id: int = -1,  # assigned by the buffer at ingress (monotonic)
+        birth_step: int = -1,  # training step of ingress
+        insert_seq: int = -1,  # insertion sequence number (tie-break: earlier first)
+        headroom_ref: float = 0.0,  # H_ref = H(g; l_gen), computed at ingress
+        headroom_cached: float = 0.0,  # ranking key; H_ref, then H(g; l_theta) at each scan
+        replay_count: int = 0,  # times accepted for replay
+    ) -> None:
+        prompt_ids = _as_1d("prompt_ids", prompt_ids, torch.int32)
+        response_ids = _as_1d("response_ids", response_ids, torch.int32)
+        response_lengths = _as_1d("response_lengths", response_lengths, torch.int64)
+        response_mask = _as_1d("response_mask", response_mask, torch.bool)
+        if not torch.as_tensor(gen_log_probs).is_floating_point():
             raise ValueError("gen_log_probs must be a floating-point tensor")
-        self.gen_log_probs = _as_1d("gen_log_probs", self.gen_log_probs, torch.float32)
-        self.advantages = _as_1d("advantages", self.advantages, torch.float32)
-        self.correct = _as_1d("correct", self.correct, torch.bool)
-        self.scores = _as_1d("scores", self.scores, torch.float32)
-        lengths = self.response_lengths.tolist()
+        gen_log_probs = _as_1d("gen_log_probs", gen_log_probs, torch.float32)
+        advantages = _as_1d("advantages", advantages, torch.float32)
+        correct = _as_1d("correct", correct, torch.bool)
+        scores = _as_1d("scores", scores, torch.float32)
+        lengths = response_lengths.tolist()
         n = len(lengths)
         if n == 0:
             raise ValueError("a group needs at least one response (response_lengths is empty)")
         if min(lengths) < 0:
             raise ValueError("response_lengths must be non-negative")
         total = sum(lengths)
-        for name in ("response_ids", "response_mask", "gen_log_probs"):
-            if getattr(self, name).numel() != total:
+        if total > _U32_MAX or prompt_ids.numel() > _U32_MAX:
+            raise ValueError(f"a group holds at most {_U32_MAX} prompt or response tokens")
+        tokens = {"response_ids": response_ids, "response_mask": response_mask,
+                  "gen_log_probs": gen_log_probs}
+        for name, t in tokens.items():
+            if t.numel() != total:
                 raise ValueError(
-                    f"{name} must have sum(response_lengths) = {total} entries, "
-                    f"got {getattr(self, name).numel()}"
+                    f"{name} must have sum(response_lengths) = {total} entries, got {t.numel()}"
                 )
-        for name in ("advantages", "correct", "scores"):
-            if getattr(self, name).numel() != n:
-                got = getattr(self, name).numel()
-                raise ValueError(f"{name} must have one entry per response ({n}), got {got}")
-        if not isinstance(self.meta, dict):
-            raise ValueError(f"meta must be a dict, got {type(self.meta).__name__}")
-        _check_meta(self.meta, "meta")
+        for name, t in (("advantages", advantages), ("correct", correct), ("scores", scores)):
+            if t.numel() != n:
+                raise ValueError(f"{name} must have one entry per response ({n}), got {t.numel()}")
+        meta = {} if meta is None else meta
+        if not isinstance(meta, dict):
+            raise ValueError(f"meta must be a dict, got {type(meta).__name__}")
+        self._buf = _pack_group(prompt_ids, response_ids, response_lengths, response_mask,
+                                gen_log_probs, advantages, correct, scores, encode_meta(meta))
+        self.group_id = group_id
+        self.birth_step = birth_step
+        self.insert_seq = insert_seq
+        self.headroom_ref = headroom_ref
+        self.headroom_cached = headroom_cached
+        self.replay_count = replay_count
+        self._rank: tuple[float, int, int, int] | None = None  # the buffer's live heap entry
+
+    @classmethod
+    def _from_packed(cls, buf: bytes, **bookkeeping: Any) -> ReplayGroup:
+        """A group over stored bytes (a saved buffer, hash-checked by the caller). The layout is
+        checked here; metadata is decoded when read (MetaDecodeError if it does not decode)."""
+        lay = _Layout(buf)
+        lengths = np.frombuffer(buf, "<u4", lay.n, lay.len)
+        if int(lengths.sum(dtype=np.int64)) != lay.L:
+            raise ValueError("packed replay group is inconsistent (lengths do not sum to L)")
+        self = cls.__new__(cls)
+        self._buf = buf
+        for name in _BOOKKEEPING:
+            setattr(self, name, bookkeeping[name])
+        self._rank = None
+        return self
+
+    # -- stored fields ----------------------------------------------------------------------
+
+    @property
+    def prompt_ids(self) -> Tensor:  # [P] int32 (new tensor)
+        lay = _Layout(self._buf)
+        return unpack_ids(self._buf, lay.pid, lay.P, lay.wp)
+
+    @property
+    def response_ids(self) -> Tensor:  # [L] int32 (new tensor)
+        lay = _Layout(self._buf)
+        return unpack_ids(self._buf, lay.rid, lay.L, lay.wr)
+
+    @property
+    def response_lengths(self) -> Tensor:  # [n] int64 (new tensor)
+        lay = _Layout(self._buf)
+        return torch.from_numpy(np.frombuffer(self._buf, "<u4", lay.n, lay.len).astype(np.int64))
+
+    @property
+    def response_mask(self) -> Tensor:  # [L] bool (new tensor)
+        lay = _Layout(self._buf)
+        if lay.flags & _MASK_ALL_VALID:
+            return torch.ones(lay.L, dtype=torch.bool)
+        return unpack_bits(self._buf, lay.mask, lay.L)
+
+    @property
+    def gen_log_probs(self) -> Tensor:  # [L] float32 (new tensor)
+        return _f32(self._buf, _HEADER.size, _Layout(self._buf).L)
+
+    @property
+    def advantages(self) -> Tensor:  # [n] float32 (new tensor)
+        lay = _Layout(self._buf)
+        return _f32(self._buf, lay.adv, lay.n)
+
+    @property
+    def scores(self) -> Tensor:  # [n] float32 (new tensor)
+        lay = _Layout(self._buf)
+        return _f32(self._buf, lay.sc, lay.n)
+
+    @property
+    def correct(self) -> Tensor:  # [n] bool (new tensor)
+        lay = _Layout(self._buf)
+        return unpack_bits(self._buf, lay.cor, lay.n)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The group's metadata, decoded into a new dict (changes need ``group.meta = ...``)."""
+        lay = _Layout(self._buf)
+        return decode_meta(memoryview(self._buf)[lay.meta:])
+
+    @meta.setter
+    def meta(self, value: dict[str, Any]) -> None:
+        blob = encode_meta(value)
+        self._buf = self._buf[:_Layout(self._buf).meta] + blob
+
+    def _scoring_fields(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(gen_log_probs, response_mask, response_lengths, advantages) from one layout parse:
+        what Headroom/Drift need, for the buffer's per-group hot paths."""
+        lay = _Layout(self._buf)
+        mask = (torch.ones(lay.L, dtype=torch.bool) if lay.flags & _MASK_ALL_VALID
+                else unpack_bits(self._buf, lay.mask, lay.L))
+        lengths = torch.from_numpy(np.frombuffer(self._buf, "<u4", lay.n, lay.len)
+                                   .astype(np.int64))
+        return (_f32(self._buf, _HEADER.size, lay.L), mask, lengths,
+                _f32(self._buf, lay.adv, lay.n))
 
     # -- sizes -----------------------------------------------------------------------------
 
     @property
     def n(self) -> int:
-        return self.response_lengths.numel()
+        return _HEADER.unpack_from(self._buf)[4]
 
     @property
     def num_tokens(self) -> int:
         """L: response tokens including masked ones (length of the scorer's output)."""
-        return self.response_ids.numel()
+        return _HEADER.unpack_from(self._buf)[5]
 
     @property
     def num_valid_tokens(self) -> int:
-        return int(self.response_mask.sum())
+        lay = _Layout(self._buf)
+        if lay.flags & _MASK_ALL_VALID:
+            return lay.L
+        return int(unpack_bits(self._buf, lay.mask, lay.L).sum())
 
     @property
     def num_correct(self) -> int:
@@ -224,12 +395,16 @@ class ReplayGroup:
 
     @property
     def nbytes(self) -> int:
-        tensors = (self.prompt_ids, self.response_ids, self.response_lengths, self.response_mask,
-                   self.gen_log_probs, self.advantages, self.correct, self.scores)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        """Bytes of the packed storage: tokens, log-probs, per-response values and metadata."""
+        return len(self._buf)
 
     def response_offsets(self) -> Tensor:  # [n + 1] int64: response i is [off[i], off[i+1])
         return torch.cat([torch.zeros(1, dtype=torch.int64), self.response_lengths.cumsum(0)])
+
+    def __repr__(self) -> str:
+        return (f"ReplayGroup(group_id={self.group_id}, n={self.n}, num_tokens={self.num_tokens}, "
+                f"birth_step={self.birth_step}, headroom_cached={self.headroom_cached!r}, "
+                f"replay_count={self.replay_count})")
 
     # -- padded conversion -------------------------------------------------------------------
 
@@ -288,16 +463,16 @@ class ReplayGroup:
                 raise ValueError("prompt_mask must have the same length as prompt_ids")
             p_ids = p_ids[pm != 0]
         corr = torch.as_tensor(correct).detach().cpu().reshape(-1)
-        return cls(
-            prompt_ids=p_ids.clone(),
-            response_ids=response_ids.detach().cpu()[keep].clone(),
-            response_lengths=lengths.clone(),
-            response_mask=valid[keep].clone(),
-            gen_log_probs=gen_log_probs.detach().cpu().float()[keep].clone(),
-            advantages=adv.float().clone(),
-            correct=(corr != 0).clone(),
+        return cls(  # the constructor copies into the group's own storage
+            prompt_ids=p_ids,
+            response_ids=response_ids.detach().cpu()[keep],
+            response_lengths=lengths,
+            response_mask=valid[keep],
+            gen_log_probs=gen_log_probs.detach().cpu().float()[keep],
+            advantages=adv.float(),
+            correct=corr != 0,
             scores=(corr.float() if scores is None
-                    else torch.as_tensor(scores).detach().cpu().float().reshape(-1)).clone(),
+                    else torch.as_tensor(scores).detach().cpu().float().reshape(-1)),
             meta=dict(meta or {}),
         )
 
@@ -366,10 +541,18 @@ class SelectionResult:
     stats: dict[str, float]  # SPEC 1.5 metrics without the "replay/" prefix
     scorer_calls: int = 0  # forward chunks used (depends on the chunk size)
     scored_groups: int = 0  # groups given to the scorer (>= scanned: unused last-chunk tail)
+    chunk_groups: tuple[int, ...] = ()  # groups given to the scorer, per call
+    chunk_rows: tuple[int, ...] = ()  # responses (rows) given to the scorer, per call
 
     @property
     def accepted_ids(self) -> list[int]:
         return [g.group_id for g in self.groups]
+
+    def forward_rows(self, row_multiple: int = 1) -> int:
+        """Rows through the scan forward when each scorer call pads its rows up to a multiple
+        of ``row_multiple`` (the data-parallel dispatch): ``replay/scan_forward_rows``."""
+        r = _check_int("row_multiple", row_multiple, 1)
+        return sum(-(-rows // r) * r for rows in self.chunk_rows)
 
     def events(self) -> list[dict[str, Any]]:
         """``scan`` event records for :class:`~verl_replay.headroom_drift.events.ReplayEventLog`."""
@@ -462,7 +645,10 @@ class _FifoReplayStore:
         self.k_rep = _check_int("k_rep", k_rep, 1)
         self.ingress = _check_choice("ingress", ingress, INGRESS_CRITERIA)
         self.weighting = _check_choice("weighting", weighting, WEIGHTINGS)
-        self._groups: OrderedDict[int, ReplayGroup] = OrderedDict()  # FIFO: oldest first
+        # group_id -> group; a plain dict keeps insertion (= FIFO) order because only the
+        # oldest group is ever removed, and costs ~half an OrderedDict per entry
+        self._groups: dict[int, ReplayGroup] = {}
+        self._fifo: deque[int] = deque()  # group ids, oldest first: O(1) evict-oldest
         self._next_group_id = 0
         self._next_insert_seq = 0
 
@@ -491,10 +677,12 @@ class _FifoReplayStore:
 
     def passes_ingress(self, group: ReplayGroup) -> bool:
         """SPEC 1.4: answers disagree (0 < sum c_i < n), or some A_i != 0."""
+        return self._passes(group.num_correct, group.n, group.advantages)
+
+    def _passes(self, num_correct: int, n: int, advantages: Tensor) -> bool:
         if self.ingress == "answer_disagree":
-            return 0 < group.num_correct < group.n
-        adv = group.advantages
-        return bool(((adv > 0) | (adv < 0)).any())
+            return 0 < num_correct < n
+        return bool(((advantages > 0) | (advantages < 0)).any())
 
     def admit(self, groups: Sequence[ReplayGroup], step: int) -> dict[str, Any]:
         """Ingress after the update (SPEC 1.4); evicts the oldest groups beyond capacity.
@@ -505,7 +693,7 @@ class _FifoReplayStore:
         """
         step = _check_int("step", step, -(2**62))
         seen: set[int] = set()
-        admitted: list[tuple[ReplayGroup, float]] = []
+        admitted: list[tuple[ReplayGroup, float, int, int]] = []
         for g in groups:
             if not isinstance(g, ReplayGroup):
                 raise ValueError(f"admit expects ReplayGroup objects, got {type(g).__name__}")
@@ -514,30 +702,34 @@ class _FifoReplayStore:
                     f"group already admitted (group_id={g.group_id}); build a new ReplayGroup"
                 )
             seen.add(id(g))
-            if not self.passes_ingress(g):
+            gen, mask, lengths, adv = g._scoring_fields()  # decoded once per group
+            n, num_correct = lengths.numel(), g.num_correct
+            if not self._passes(num_correct, n, adv):
                 continue
             # the group validated its own layout at construction
-            h_ref = float(headroom_flat(g.gen_log_probs, g.response_mask, g.response_lengths,
-                                        g.advantages, self.weighting, validate=False))
+            h_ref = float(headroom_flat(gen, mask, lengths, adv, self.weighting, validate=False))
             if math.isnan(h_ref):
                 raise ValueError("gen_log_probs contain NaN at valid positions; group refused")
-            admitted.append((g, h_ref))
+            admitted.append((g, h_ref, n, num_correct))
         events: list[dict[str, Any]] = []
-        for g, h_ref in admitted:
+        for g, h_ref, n, num_correct in admitted:
             g.group_id = self._next_group_id
-            g.insert_seq = self._next_insert_seq
+            # one int object for both when equal (always, unless a state file says otherwise)
+            g.insert_seq = (g.group_id if self._next_insert_seq == g.group_id
+                            else self._next_insert_seq)
             self._next_group_id += 1
             self._next_insert_seq += 1
             g.birth_step = step
             g.headroom_ref = g.headroom_cached = h_ref
             g.replay_count = 0
             self._groups[g.group_id] = g
+            self._fifo.append(g.group_id)
             self._on_insert(g)
             events.append(ingress_record(step=step, group_id=g.group_id, birth_step=step,
-                                         initial_headroom=h_ref, n=g.n, num_correct=g.num_correct))
+                                         initial_headroom=h_ref, n=n, num_correct=num_correct))
         evicted = 0
         while len(self._groups) > self.capacity:
-            _, old = self._groups.popitem(last=False)
+            old = self._groups.pop(self._fifo.popleft())
             self._on_evict(old)
             evicted += 1
             events.append(evict_record(step=step, group_id=old.group_id, birth_step=old.birth_step,
@@ -564,14 +756,18 @@ class _FifoReplayStore:
     def state_dict(self) -> dict[str, Any]:
         """Plain tensors/Python values (``torch.save``-able, ``weights_only`` loadable).
 
-        Groups are packed into concatenated tensors (FIFO order) instead of one dict per group,
-        so saving 1e5 groups costs a few large tensors rather than ~1e6 small ones.
+        Format 2: the groups' packed bytes concatenated into one uint8 tensor (FIFO order) with
+        their sizes, plus the buffer-owned bookkeeping as tensors; a few large tensors rather
+        than ~1e6 small ones, and no Python object per group.
         """
         gs = list(self._groups.values())
-
-        def cat(name: str, dtype: torch.dtype) -> Tensor:
-            parts = [getattr(g, name) for g in gs]
-            return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
+        sizes = [len(g._buf) for g in gs]
+        packed = bytearray(sum(sizes))
+        view, off = memoryview(packed), 0
+        for g, size in zip(gs, sizes):
+            view[off:off + size] = g._buf
+            off += size
+        view.release()
 
         def scal(name: str, dtype: torch.dtype) -> Tensor:
             return torch.tensor([getattr(g, name) for g in gs], dtype=dtype)
@@ -583,17 +779,9 @@ class _FifoReplayStore:
             "next_group_id": self._next_group_id,
             "next_insert_seq": self._next_insert_seq,
             "groups": {
-                "prompt_lengths": torch.tensor([g.prompt_ids.numel() for g in gs],
-                                               dtype=torch.int64),
-                "group_sizes": torch.tensor([g.n for g in gs], dtype=torch.int64),
-                "prompt_ids": cat("prompt_ids", torch.int32),
-                "response_ids": cat("response_ids", torch.int32),
-                "response_lengths": cat("response_lengths", torch.int64),
-                "response_mask": cat("response_mask", torch.bool),
-                "gen_log_probs": cat("gen_log_probs", torch.float32),
-                "advantages": cat("advantages", torch.float32),
-                "correct": cat("correct", torch.bool),
-                "scores": cat("scores", torch.float32),
+                "packed": (torch.frombuffer(packed, dtype=torch.uint8) if packed
+                           else torch.zeros(0, dtype=torch.uint8)),
+                "packed_sizes": torch.tensor(sizes, dtype=torch.int64),
                 "group_id": scal("group_id", torch.int64),
                 "birth_step": scal("birth_step", torch.int64),
                 "insert_seq": scal("insert_seq", torch.int64),
@@ -601,19 +789,20 @@ class _FifoReplayStore:
                 "headroom_ref": scal("headroom_ref", torch.float64),
                 "headroom_cached": scal("headroom_cached", torch.float64),
                 "replay_count": scal("replay_count", torch.int64),
-                "meta": [dict(g.meta) for g in gs],
             },
         }
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
-        """Replace the contents with ``state``.
+        """Replace the contents with ``state`` (format 2, or format 1 from earlier versions).
 
         ``strict``: the saved configuration must equal this buffer's (otherwise future
         selections would differ); with ``strict=False`` this buffer's configuration wins and
         the oldest groups beyond ``capacity`` are dropped.
         """
-        if not isinstance(state, Mapping) or state.get("format") != _STATE_FORMAT:
-            raise ValueError(f"not a replay buffer state (format {_STATE_FORMAT} expected)")
+        fmt = state.get("format") if isinstance(state, Mapping) else None
+        if fmt not in _READABLE_FORMATS:
+            raise ValueError(f"not a replay buffer state this version can read (format "
+                             f"{fmt!r}; readable formats: {_READABLE_FORMATS})")
         if state.get("kind") != self._KIND:
             raise ValueError(f"state was saved by {state.get('kind')!r}, "
                              f"cannot load into {self._KIND!r}")
@@ -625,39 +814,19 @@ class _FifoReplayStore:
             raise ValueError(f"buffer configuration differs from the saved one ({detail}); "
                              "construct the buffer with the saved settings or pass strict=False")
         p = state["groups"]
-        sizes = p["group_sizes"].tolist()
-        plen = p["prompt_lengths"].tolist()
-        rlen = p["response_lengths"]
-        prompt_parts = torch.split(p["prompt_ids"], plen)
-        resp_parts = torch.split(rlen, sizes)
-        per_resp = rlen.tolist()
-        tok_counts, off = [], 0
-        for n in sizes:  # tokens per group = sum of its response lengths
-            tok_counts.append(sum(per_resp[off:off + n]))
-            off += n
-        ids_parts = torch.split(p["response_ids"], tok_counts)
-        mask_parts = torch.split(p["response_mask"], tok_counts)
-        lp_parts = torch.split(p["gen_log_probs"], tok_counts)
-        adv_parts = torch.split(p["advantages"], sizes)
-        cor_parts = torch.split(p["correct"], sizes)
-        sc_parts = torch.split(p["scores"], sizes)
-        scal = {k: p[k].tolist() for k in ("group_id", "birth_step", "insert_seq", "headroom_ref",
-                                           "headroom_cached", "replay_count")}
-        groups: OrderedDict[int, ReplayGroup] = OrderedDict()
-        for i in range(len(sizes)):
-            g = ReplayGroup(
-                prompt_ids=prompt_parts[i].clone(), response_ids=ids_parts[i].clone(),
-                response_lengths=resp_parts[i].clone(), response_mask=mask_parts[i].clone(),
-                gen_log_probs=lp_parts[i].clone(), advantages=adv_parts[i].clone(),
-                correct=cor_parts[i].clone(), scores=sc_parts[i].clone(), meta=dict(p["meta"][i]),
-                group_id=scal["group_id"][i], birth_step=scal["birth_step"][i],
-                insert_seq=scal["insert_seq"][i], headroom_ref=scal["headroom_ref"][i],
-                headroom_cached=scal["headroom_cached"][i], replay_count=scal["replay_count"][i],
-            )
-            groups[g.group_id] = g
-        while len(groups) > self.capacity:
-            groups.popitem(last=False)
-        self._groups = groups
+        bookkeeping = {k: p[k].tolist() for k in _BOOKKEEPING}
+        count = len(bookkeeping["group_id"])
+        if any(len(v) != count for v in bookkeeping.values()):
+            raise ValueError("replay buffer state is inconsistent: bookkeeping lengths differ")
+        make = _groups_v1 if fmt == 1 else _groups_v2
+        groups = make(p, count, bookkeeping)
+        gids = [g.group_id for g in groups]
+        if len(set(gids)) != len(gids):
+            raise ValueError("replay buffer state is inconsistent: duplicate group ids")
+        groups = groups[max(0, len(groups) - self.capacity):]  # drop the oldest beyond capacity
+        _share_equal_numbers(groups)
+        self._groups = {g.group_id: g for g in groups}
+        self._fifo = deque(g.group_id for g in groups)
         self._next_group_id = int(state["next_group_id"])
         self._next_insert_seq = int(state["next_insert_seq"])
         self._rebuild_index()
@@ -666,7 +835,7 @@ class _FifoReplayStore:
         """Write the state atomically (tmp file + fsync + os.replace) with a sha256 header."""
         buf = io.BytesIO()
         torch.save(self.state_dict(), buf)
-        payload = buf.getvalue()
+        payload = buf.getbuffer()  # no copy of a payload that can be hundreds of MB
         header = _FILE_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + \
             str(len(payload)).encode() + b"\n"
         target = Path(path)
@@ -679,6 +848,7 @@ class _FifoReplayStore:
                 os.fsync(fh.fileno())
             os.replace(tmp, target)
         finally:
+            payload.release()
             if tmp.exists():
                 tmp.unlink()
         _fsync_dir(target.parent)
@@ -689,15 +859,17 @@ class _FifoReplayStore:
         data = p.read_bytes()
         if not data.startswith(_FILE_MAGIC):
             raise ValueError(f"{p} is not a replay buffer file (bad header)")
-        rest = data[len(_FILE_MAGIC):]
-        parts = rest.split(b"\n", 2)
-        if len(parts) < 3:
+        start = len(_FILE_MAGIC)
+        end_digest = data.find(b"\n", start)
+        end_size = data.find(b"\n", end_digest + 1) if end_digest >= 0 else -1
+        if end_size < 0:
             raise ValueError(f"replay buffer file {p} is truncated (incomplete header)")
-        digest, size_txt, payload = parts
+        digest = data[start:end_digest]
         try:
-            size = int(size_txt)
+            size = int(data[end_digest + 1:end_size])
         except ValueError:
             raise ValueError(f"replay buffer file {p} is corrupted (bad length field)") from None
+        payload = memoryview(data)[end_size + 1:]
         if len(payload) < size:
             raise ValueError(f"replay buffer file {p} is truncated: {len(payload)} of {size} "
                              "payload bytes present")
@@ -723,6 +895,82 @@ class _FifoReplayStore:
         return buf
 
 
+def _share_equal_numbers(groups: Sequence[ReplayGroup]) -> None:
+    """One Python object per distinct number, as live admission leaves them (``tolist`` makes
+    one per entry): the same int for group_id and insert_seq, one birth-step int per step, the
+    same float for an unrefreshed cache. ~80 bytes per group at 1e5 groups."""
+    births: dict[int, int] = {}
+    for g in groups:
+        if g.insert_seq == g.group_id:
+            g.insert_seq = g.group_id
+        g.birth_step = births.setdefault(g.birth_step, g.birth_step)
+        a, b = g.headroom_cached, g.headroom_ref
+        if a == b and math.copysign(1.0, a) == math.copysign(1.0, b):  # bit-equal (signed 0)
+            g.headroom_cached = g.headroom_ref
+
+
+def _groups_v2(p: Mapping[str, Any], count: int,
+               bookkeeping: dict[str, list[Any]]) -> list[ReplayGroup]:
+    sizes = p["packed_sizes"].tolist()
+    packed = p["packed"].numpy()
+    if len(sizes) != count or sum(sizes) != packed.size or min(sizes, default=1) < 1:
+        raise ValueError("replay buffer state is inconsistent: packed sizes do not match")
+    groups, off = [], 0
+    for i, size in enumerate(sizes):
+        buf = packed[off:off + size].tobytes()
+        off += size
+        try:
+            groups.append(ReplayGroup._from_packed(
+                buf, **{k: v[i] for k, v in bookkeeping.items()}))
+        except ValueError as exc:
+            raise ValueError(f"replay buffer state, group {i}: {exc}") from None
+    return groups
+
+
+def _groups_v1(p: Mapping[str, Any], count: int,
+               bookkeeping: dict[str, list[Any]]) -> list[ReplayGroup]:
+    """Format 1 (one concatenated tensor per field, meta as a list of dicts): repacked."""
+    sizes = p["group_sizes"].tolist()
+    if len(sizes) != count or len(p["meta"]) != count:
+        raise ValueError("replay buffer state is inconsistent: group counts differ")
+    plen = p["prompt_lengths"].tolist()
+    rlen = p["response_lengths"]
+    per_resp = rlen.tolist()
+    tok_counts, off = [], 0
+    for n in sizes:  # tokens per group = sum of its response lengths
+        tok_counts.append(sum(per_resp[off:off + n]))
+        off += n
+    parts = {
+        "prompt_ids": torch.split(p["prompt_ids"], plen),
+        "response_lengths": torch.split(rlen, sizes),
+        "response_ids": torch.split(p["response_ids"], tok_counts),
+        "response_mask": torch.split(p["response_mask"], tok_counts),
+        "gen_log_probs": torch.split(p["gen_log_probs"], tok_counts),
+        "advantages": torch.split(p["advantages"], sizes),
+        "correct": torch.split(p["correct"], sizes),
+        "scores": torch.split(p["scores"], sizes),
+    }
+    return [
+        ReplayGroup(**{k: v[i] for k, v in parts.items()}, meta=dict(p["meta"][i]),
+                    **{k: v[i] for k, v in bookkeeping.items()})
+        for i in range(count)
+    ]
+
+
+def scan_chunk_multiple(rows_per_group: int, row_multiple: int) -> int:
+    """``chunk_multiple`` for :meth:`HeadroomDriftBuffer.select` under a row-padded dispatch.
+
+    The scorer's forward takes rows in multiples of ``row_multiple`` (data-parallel size x
+    micro-batch size), padding the rest. When ``rows_per_group`` divides it, chunks of a multiple
+    of ``row_multiple // rows_per_group`` groups fill the padding with real candidates at no
+    extra forward rows; otherwise 1, because no group multiple avoids adding rows for every
+    chunk size.
+    """
+    n = _check_int("rows_per_group", rows_per_group, 1)
+    r = _check_int("row_multiple", row_multiple, 1)
+    return r // n if r % n == 0 else 1
+
+
 # ============================================================================ Headroom-Drift
 
 
@@ -735,7 +983,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         tau: drift gate, accept iff D <= tau (``math.inf`` disables the gate).
         weighting: Headroom weighting, "sign" (default) or "advantage".
         drift_norm: "l2" (default) or "l1".
-        scan_chunk_groups: groups per scorer call.
+        scan_chunk_groups: most groups per scorer call (before rounding to ``chunk_multiple``).
         max_scan_groups: optional cap on groups scanned per step (None = no cap).
         ingress: "answer_disagree" (default) or "nonzero_advantage".
     """
@@ -766,7 +1014,8 @@ class HeadroomDriftBuffer(_FifoReplayStore):
                                 else _check_int("max_scan_groups", max_scan_groups, 1))
         # ranking heap with lazy invalidation (see module docstring)
         self._heap: list[tuple[float, int, int, int]] = []
-        self._live: dict[int, tuple[float, int, int, int]] = {}
+        # -birth_step objects shared by all entries of one birth step (an int per entry otherwise)
+        self._neg_birth: dict[int, int] = {}
 
     def config(self) -> dict[str, Any]:
         cfg = super().config()
@@ -776,30 +1025,42 @@ class HeadroomDriftBuffer(_FifoReplayStore):
 
     # -- ranking structure --------------------------------------------------------------------
 
-    @staticmethod
-    def _entry(g: ReplayGroup) -> tuple[float, int, int, int]:
+    def _entry(self, g: ReplayGroup) -> tuple[float, int, int, int]:
         # min-heap key: higher cached H first, then newer birth step, then earlier insertion
-        return (-g.headroom_cached, -g.birth_step, g.insert_seq, g.group_id)
+        neg_birth = self._neg_birth.get(g.birth_step)
+        if neg_birth is None:
+            neg_birth = self._neg_birth[g.birth_step] = -g.birth_step
+        return (-g.headroom_cached, neg_birth, g.insert_seq, g.group_id)
+
+    def _is_live(self, entry: tuple[float, int, int, int]) -> bool:
+        g = self._groups.get(entry[3])
+        return g is not None and g._rank is entry
 
     def _push(self, g: ReplayGroup) -> None:
-        entry = self._entry(g)
-        self._live[g.group_id] = entry
+        g._rank = entry = self._entry(g)
         heapq.heappush(self._heap, entry)
 
     def _on_insert(self, group: ReplayGroup) -> None:
         self._push(group)
 
     def _on_evict(self, group: ReplayGroup) -> None:
-        del self._live[group.group_id]  # its heap entry is now stale
+        group._rank = None  # its heap entry is now stale
 
     def _after_mutation(self) -> None:
-        # compact once stale entries outnumber live ones (+ slack so tiny buffers don't thrash)
-        if len(self._heap) > 2 * len(self._live) + 64:
-            self._rebuild_index()
+        # compact once stale entries exceed a quarter of the live ones (+ slack so tiny buffers
+        # don't thrash): O(heap) after >= N/4 stale entries were made, amortised O(1) each,
+        # and the heap holds at most 1.25 N + 64 entries
+        if len(self._heap) - len(self._groups) > len(self._groups) // 4 + 64:
+            self._heap = [e for e in self._heap if self._is_live(e)]
+            heapq.heapify(self._heap)
+            self._neg_birth = {-e[1]: e[1] for e in self._heap}
 
     def _rebuild_index(self) -> None:
-        self._live = {gid: self._entry(g) for gid, g in self._groups.items()}
-        self._heap = list(self._live.values())
+        self._neg_birth = {}
+        self._heap = []
+        for g in self._groups.values():
+            g._rank = self._entry(g)
+            self._heap.append(g._rank)
         heapq.heapify(self._heap)
 
     def _pop_live(self, want: int) -> list[tuple[float, int, int, int]]:
@@ -807,7 +1068,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         out: list[tuple[float, int, int, int]] = []
         while len(out) < want and self._heap:
             entry = heapq.heappop(self._heap)
-            if self._live.get(entry[3]) is entry:
+            if self._is_live(entry):
                 out.append(entry)
         return out
 
@@ -822,25 +1083,39 @@ class HeadroomDriftBuffer(_FifoReplayStore):
                 f"scorer must return a 1-D float tensor of length num_tokens={group.num_tokens} "
                 f"for group {group.group_id}, got {shape}"
             )
+        gen, mask, lengths, adv = group._scoring_fields()
         try:
-            return group_scores_flat(log_probs.detach().to("cpu"), group.gen_log_probs,
-                                     group.response_mask, group.response_lengths, group.advantages,
+            return group_scores_flat(log_probs.detach().to("cpu"), gen, mask, lengths, adv,
                                      self.weighting, self.drift_norm, validate=False)
         except ValueError as exc:
             raise ValueError(f"scorer output for group {group.group_id}: {exc}") from None
 
-    def select(self, step: int, scorer: Scorer) -> SelectionResult:
+    def _chunk_size(self, accepted: int, scanned: int, budget: int, multiple: int) -> int:
+        """Groups to give the scorer next: no more than the scan can still use, except that
+        the count is rounded up to ``multiple`` (those extra groups take the place of dispatch
+        padding, so they cost no forward rows) and never past the scan budget."""
+        left = budget - scanned
+        want = min(self.scan_chunk_groups, self.k_rep - accepted, left)
+        return min(-(-want // multiple) * multiple, left)
+
+    def select(self, step: int, scorer: Scorer, *, chunk_multiple: int = 1) -> SelectionResult:
         """Pick up to K_rep replay groups for ``step`` (SPEC 1.3); call before ``admit``.
 
         Scans candidates by cached Headroom (desc; ties newer birth step, then earlier
-        insertion) in chunks of ``scan_chunk_groups``, one scorer call per chunk; refreshes the
-        cached Headroom of every scanned group; accepts while D <= tau; stops at K_rep accepted,
-        no candidates left, or ``max_scan_groups`` scanned. Groups of the last chunk beyond the
-        stopping point are not scanned: no record, no refresh. If the scorer raises, the
-        buffer is left exactly as before.
+        insertion), one scorer call per chunk; refreshes the cached Headroom of every scanned
+        group; accepts while D <= tau; stops at K_rep accepted, no candidates left, or
+        ``max_scan_groups`` scanned. Each chunk holds the smaller of ``scan_chunk_groups`` and
+        the acceptances still needed (K_rep - accepted), rounded up to a multiple of
+        ``chunk_multiple`` (in groups: what the caller's data-parallel dispatch needs, see
+        :func:`scan_chunk_multiple`), and at most the scan budget left and the candidates left.
+        Groups of the last chunk beyond the stopping point are not scanned: no record, no
+        refresh. The decisions do not depend on the chunk sizes (given a scorer whose output
+        for a group does not depend on its chunk). If the scorer raises, the buffer is left
+        exactly as before.
         """
         t0 = time.perf_counter()
         step = _check_int("step", step, -(2**62))
+        multiple = _check_int("chunk_multiple", chunk_multiple, 1)
         if not callable(scorer):
             raise ValueError("scorer must be callable: scorer(list[ReplayGroup]) -> list[Tensor]")
         candidates = len(self._groups)
@@ -850,12 +1125,14 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         records: list[ScanRecord] = []
         refreshed: dict[int, float] = {}
         accepted: list[ReplayGroup] = []
+        chunk_groups: list[int] = []
+        chunk_rows: list[int] = []
         forward_s = 0.0
-        calls = 0
         done = False
         try:
             while not done and len(records) < budget:
-                chunk = self._pop_live(min(self.scan_chunk_groups, budget - len(records)))
+                chunk = self._pop_live(self._chunk_size(len(accepted), len(records), budget,
+                                                        multiple))
                 popped.extend(chunk)
                 if not chunk:
                     break
@@ -863,7 +1140,8 @@ class HeadroomDriftBuffer(_FifoReplayStore):
                 tf = time.perf_counter()
                 outputs = scorer(groups)
                 forward_s += time.perf_counter() - tf
-                calls += 1
+                chunk_groups.append(len(groups))
+                chunk_rows.append(sum(g.n for g in groups))
                 if len(outputs) != len(groups):
                     raise ValueError(f"scorer returned {len(outputs)} tensors "
                                      f"for {len(groups)} groups")
@@ -903,7 +1181,8 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         stats["scan_forward_seconds"] = forward_s
         stats["select_seconds"] = time.perf_counter() - t0
         return SelectionResult(step=step, groups=accepted, records=records, stats=stats,
-                               scorer_calls=calls, scored_groups=len(popped))
+                               scorer_calls=len(chunk_groups), scored_groups=len(popped),
+                               chunk_groups=tuple(chunk_groups), chunk_rows=tuple(chunk_rows))
 
     def _stats(self, records: list[ScanRecord], candidates: int) -> dict[str, float]:
         # every record of this buffer was scored: drift/replay_kl/headroom_after are floats
@@ -951,9 +1230,14 @@ class NaiveReplayBuffer(_FifoReplayStore):
                  weighting: str = "sign") -> None:
         super().__init__(capacity=capacity, k_rep=k_rep, ingress=ingress, weighting=weighting)
 
-    def select(self, step: int, scorer: Scorer | None = None) -> SelectionResult:
+    def select(self, step: int, scorer: Scorer | None = None, *,
+               chunk_multiple: int = 1) -> SelectionResult:
+        """The latest K_rep groups, newest first. ``scorer`` and ``chunk_multiple`` are accepted
+        for the same call as :meth:`HeadroomDriftBuffer.select` and unused: nothing is scanned,
+        so nothing goes through a forward (``forward_rows() == 0``)."""
         t0 = time.perf_counter()
         step = _check_int("step", step, -(2**62))
+        _check_int("chunk_multiple", chunk_multiple, 1)
         candidates = len(self._groups)
         accepted: list[ReplayGroup] = []
         records: list[ScanRecord] = []

@@ -98,3 +98,18 @@ def test_headroom_drift_replay_end_to_end(run_main, tmp_path):
     assert [m["training/global_step"] for m in second.metrics] == [4, 5, 6]
     first_segment = [json.loads(line)["data"] for line in (second.run_dir / "metrics.1.jsonl").read_text().splitlines()]
     assert [m["training/global_step"] for m in first_segment] == [1, 2, 3]
+
+
+def test_skipping_the_forwards_of_replayed_rows_changes_nothing(run_main):
+    """Replayed rows keep their stored anchor, so their old-log-prob forward is skipped: the update
+    must be exactly the one with the forward (``replay.recompute_replayed_log_probs=true``). Run on
+    the synchronous trainer, whose runs are bitwise reproducible (under separate_async which fresh
+    groups a round gets depends on which rollouts finish first)."""
+    common = ("replay.strategy=headroom_drift", "replay.k_rep=2", "replay.tau=1.0", "trainer.total_training_steps=3")
+    skipped = run_main(*common, experiment="skip").metrics
+    recomputed = run_main(*common, "replay.recompute_replayed_log_probs=true", experiment="recompute").metrics
+    assert sum(m["replay/accepted"] for m in skipped) > 0
+    for a, b in zip(skipped, recomputed, strict=True):
+        for key in ("replay/accepted", "critic/score/mean", "actor/pg_loss", "actor/ppo_kl", "actor/grad_norm",
+                    "actor/entropy"):
+            assert a[key] == b[key], (key, a["training/global_step"], a[key], b[key])

@@ -132,3 +132,4 @@ def test_headroom_drift_and_elite_on_the_split_placement(run_main, tiny_archive,
     assert len(elite) == 4 * 3
     for row in elite:
         assert torch.all(row.advantage == 0) and row.is_weights is not None and torch.all(row.is_weights == 1.0)
+

@@ -56,6 +56,9 @@ def test_seeded_sampler_returns_one_hot_and_unfiltered_log_probs():
 def server(tiny_assets):
     from verl.workers.config import HFModelConfig, RolloutConfig
 
+    from verl_replay.integrations.verl.vl_processor import allow_vl_processor_without_torchvision
+
+    allow_vl_processor_without_torchvision()  # as verl's CPU support does in every worker
     config = RolloutConfig(name="hf", prompt_length=128, response_length=12, tensor_model_parallel_size=1)
     model_config = HFModelConfig(path=str(tiny_assets.model_dir))
     return HFRolloutServer(config=config, model_config=model_config, replica_rank=0)
@@ -77,6 +80,37 @@ def _prompt(server: HFRolloutServer, text: str) -> list[int]:
     return server.model_config_tokenizer.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
     )
+
+
+def test_server_loads_the_class_verl_trains(server, tiny_assets):
+    from transformers import AutoConfig
+    from verl.utils.model import get_hf_auto_model_class
+
+    config = AutoConfig.from_pretrained(tiny_assets.model_dir)
+    # verl's actor: get_hf_auto_model_class(config).from_pretrained(...) (engine/fsdp)
+    assert get_hf_auto_model_class(config).__name__ == "AutoModelForImageTextToText"
+    assert type(server.model).__name__ == config.architectures[0] == "Qwen3_5ForConditionalGeneration"
+
+
+def test_log_probs_match_an_mrope_teacher_forced_forward(server, tiny_assets):
+    """The actor scores rollouts in one teacher-forced pass with verl's (4, L) M-RoPE position ids;
+    the server samples incrementally (KV / recurrent cache) on a left-padded batch. An
+    independently loaded copy of the checkpoint, fed the actor's kind of positions, must give
+    the same per-token log-probs for prompts of different lengths sampled in one batch."""
+    from transformers import AutoModelForImageTextToText
+
+    prompts = [_prompt(server, "What is 2 + 3?"), _prompt(server, "Tom has 12 apples and buys 30 more. How many now?")]
+    assert len(prompts[0]) != len(prompts[1])
+    outputs = _generate_all(server, prompts)
+    reference = AutoModelForImageTextToText.from_pretrained(tiny_assets.model_dir, attn_implementation="sdpa").eval()
+    for prompt, output in zip(prompts, outputs, strict=True):
+        ids = torch.tensor([prompt + output.token_ids])  # [1, L]
+        length = ids.shape[1]
+        position_ids = torch.arange(length).expand(4, 1, length)  # text rows: t = h = w = token index
+        with torch.no_grad():
+            logits = reference(input_ids=ids, position_ids=position_ids).logits[0, len(prompt) - 1 : -1]  # [R, V]
+        expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, torch.tensor(output.token_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(output.log_probs), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_log_probs_match_teacher_forced_forward(server):

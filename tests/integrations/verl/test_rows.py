@@ -72,6 +72,17 @@ def test_round_trip_keeps_what_a_replayed_row_needs(group_rows):
     assert set(rows[0]) == set(rows[1])
 
 
+def test_rollout_log_probs_are_not_stored_twice(group_rows):
+    # sync mode: the anchor is old_log_probs and the rollout log-probs differ from it; they are
+    # never read back (group_to_rows writes the anchor), so the group must not keep a copy
+    assert not torch.equal(group_rows[0]["rollout_log_probs"], group_rows[0]["old_log_probs"])
+    group = rows_to_group(group_rows, anchor_field="old_log_probs")
+    assert all("rollout_log_probs" not in row for row in group.meta["per_row"])
+    assert "rollout_log_probs" not in group.meta["shared"]
+    for row, original in zip(group_to_rows(group, uid="x", global_steps=0), group_rows):
+        torch.testing.assert_close(row["rollout_log_probs"], original["old_log_probs"])
+
+
 def test_async_anchor_is_the_rollout_log_probs(group_rows):
     group = rows_to_group(group_rows, anchor_field="rollout_log_probs")
     torch.testing.assert_close(group.gen_log_probs, torch.cat([r["rollout_log_probs"] for r in group_rows]))

@@ -13,6 +13,8 @@ message when a verl upgrade moves it. The obstacle numbers refer to ``shared/VER
 8. ``hf`` rollout ............ ``RolloutReplicaRegistry.register`` (public) and the private
                               ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` for the adapter
 9. no pinned memory ......... private: the FSDP engine module's ``CPUOffloadPolicy`` name
+10. Qwen3.5's processor ...... no torchvision on the CPU stack: ``vl_processor`` (a transformers
+                              private name, listed there), else verl silently drops the processor
 Obstacles 2, 3, 6 and 7 are configuration, set in ``verl_replay/config/platform/cpu_tiny.yaml``.
 
 For verl's split placement (``separate_async``) on CPU:
@@ -31,6 +33,8 @@ from __future__ import annotations
 
 import functools
 import logging
+
+from verl_replay.integrations.verl.vl_processor import allow_vl_processor_without_torchvision
 
 logger = logging.getLogger(__name__)
 
@@ -183,5 +187,6 @@ def install_cpu_support() -> None:
     copy_old_policy_snapshot()
     shorten_sampler_poll()
     register_cpu_checkpoint_engine()
+    allow_vl_processor_without_torchvision()
     _installed = True
     logger.info("verl_replay: CPU support installed (platform=cpu, engine=fsdp2, rollout=hf)")

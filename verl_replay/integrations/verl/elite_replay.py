@@ -121,6 +121,7 @@ class EliteReplayStream(ReplayStream):
         self._step = -1
         self._by_round: list[list[int]] = []
         self._keys: list[str] = []
+        self._lengths: list[int] = []
         self._stats: dict[str, float] = {}
 
     # ------------------------------------------------------------------ rows
@@ -197,6 +198,7 @@ class EliteReplayStream(ReplayStream):
             check_row_fields(rows, template, source="EliteReplay archive")
             tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags)
         self._keys = keys
+        self._lengths = [int(row["responses"].numel()) for row in rows]
         self._stats["examples"] += float(len(rows))
         self._stats["tokens"] += float(sum(int(r["responses"].numel()) for r in rows))
         merged = KVBatchMeta(keys=list(batch.keys) + keys, tags=list(batch.tags) + tags,
@@ -207,10 +209,11 @@ class EliteReplayStream(ReplayStream):
     def keys(self) -> list[str]:
         return list(self._keys)
 
-    def after_old_log_probs(self, partition_id: str, *, rollout_correction: bool) -> None:
+    def after_old_log_probs(self, partition_id: str, *, rollout_correction: bool, forwarded: bool = True) -> None:
         """Elite rows were never sampled by a rollout: their rollout log-probs are their own old
-        log-probs, so rollout correction gives them weight 1 and never rejects their tokens."""
-        if not self._keys or not self._has_rollout_log_probs:
+        log-probs, so rollout correction gives them weight 1 and never rejects their tokens.
+        Skipped by the forward, both are zeros already (the row's placeholder): nothing to write."""
+        if not self._keys or not self._has_rollout_log_probs or not forwarded:
             return
         data = tq.kv_batch_get(keys=self._keys, partition_id=partition_id, select_fields=["old_log_probs"])
         tq.kv_batch_put(keys=self._keys, partition_id=partition_id,
@@ -219,14 +222,13 @@ class EliteReplayStream(ReplayStream):
     def after_advantages(self, partition_id: str) -> None:
         if not self._keys:
             return
-        data = tq.kv_batch_get(keys=self._keys, partition_id=partition_id, select_fields=["response_mask"])
-        zeros = [torch.zeros(row.numel(), dtype=torch.float32) for row in data["response_mask"].unbind(0)]
+        zeros = [torch.zeros(length, dtype=torch.float32) for length in self._lengths]
         nested = torch.nested.as_nested_tensor(zeros, layout=torch.jagged)
         fields = {"advantages": nested, "returns": torch.nested.as_nested_tensor([z.clone() for z in zeros], layout=torch.jagged)}
         tq.kv_batch_put(keys=self._keys, partition_id=partition_id, fields=TensorDict(fields, batch_size=len(self._keys)))
 
     def end_round(self) -> None:
-        self._keys = []
+        self._keys, self._lengths = [], []
 
     def end_step(self, batch: KVBatchMeta) -> dict[str, float]:
         stats, self._stats, self._by_round = self._stats, {}, []
@@ -246,7 +248,6 @@ class EliteReplayStream(ReplayStream):
     def load(self, folder: str | os.PathLike, step: int) -> bool:
         path = Path(folder) / SAMPLER_FILE
         if not path.exists():
-            logger.warning("no elite sampler state at %s: sampling restarts from zero counts", path)
-            return False
-        self.sampler.load_state_dict(torch.load(path, weights_only=False))
+            raise FileNotFoundError(f"{path}: the checkpoint's replay state has no elite sampler")
+        self.sampler.load_state_dict(torch.load(path, weights_only=True))
         return True

@@ -154,9 +154,10 @@ class GroupReplayStream(ReplayStream):
     def load(self, folder: str | os.PathLike, step: int) -> bool:
         path = Path(folder) / BUFFER_FILE
         if not path.exists():
-            logger.warning("no replay buffer state at %s: the buffer starts empty", path)
-            return False
-        self.buffer.load(path)
+            raise FileNotFoundError(f"{path}: the checkpoint's replay state has no group buffer")
+        # The decision settings were checked against the state's manifest; settings that cannot
+        # change a decision (chunk sizes) may differ, so this run's configuration wins.
+        self.buffer.load(path, strict=False)
         self.open_event_log(resume_from_step=step)
         return True
 
@@ -232,7 +233,7 @@ class GroupReplayStream(ReplayStream):
 
     # ------------------------------------------------------------------ 3. stored anchor and advantages
 
-    def after_old_log_probs(self, partition_id: str, *, rollout_correction: bool) -> None:
+    def after_old_log_probs(self, partition_id: str, *, rollout_correction: bool, forwarded: bool = True) -> None:
         """Replayed rows: ``old_log_probs`` (and rollout log-probs) are the stored l_gen."""
         if not self._replayed:
             return

@@ -6,9 +6,11 @@ This backend keeps verl's server architecture: an :class:`HFReplica` launches on
 ``LLMServerClient.generate``, and the colocated :class:`HFServerAdapter` (inside each actor
 worker) pushes the trainer's weights to it every step, exactly where vLLM's adapter would.
 
-Numerics: the returned per-token log-probs are ``log_softmax(logits / temperature)`` of the sampled
-token, the quantity verl's actor recomputes as ``old_log_probs``, so rollout-vs-actor log-prob
-differences only measure the engines' numerics. Sampling is seeded per request from
+Numerics: the server holds the class verl's actor trains (for Qwen3.5 the vision-language
+``Qwen3_5ForConditionalGeneration``; text prompts get M-RoPE positions t = h = w = token index,
+as verl's agent loop computes them for the actor), and the returned per-token log-probs are
+``log_softmax(logits / temperature)`` of the sampled token, the quantity verl's actor recomputes
+as ``old_log_probs``, so rollout-vs-actor log-prob differences only measure the engines' numerics. Sampling is seeded per request from
 ``(seed, weight version, prompt ids, occurrence of that prompt)`` so a run is reproducible
 whatever order concurrent requests arrive in.
 """
@@ -111,8 +113,8 @@ class HFRolloutServer:
     """Ray actor holding a transformers copy of the policy; verl's rollout server interface."""
 
     def __init__(self, config: Any, model_config: Any, replica_rank: int, max_batch_size: int = 64) -> None:
-        from transformers import AutoModelForCausalLM
         from verl.utils.config import omega_conf_to_dataclass
+        from verl.utils.model import get_hf_auto_model_class
         from verl.workers.config import HFModelConfig
 
         config = omega_conf_to_dataclass(config)
@@ -124,9 +126,11 @@ class HFRolloutServer:
         self.base_seed = int(getattr(config, "seed", 0) or 0) + replica_rank
         override = dict(getattr(model_config, "override_config", {}) or {})
         attn_impl = override.get("attn_implementation", "sdpa")
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_config.local_path, dtype=torch.float32, attn_implementation=attn_impl
-        )
+        # The class verl's actor builds for this checkpoint (Qwen3.5: the vision-language
+        # Qwen3_5ForConditionalGeneration, not the text-only class AutoModelForCausalLM picks),
+        # so weight names match the actor's and log-probs come from the same modules.
+        model_cls = get_hf_auto_model_class(hf_config=model_config.hf_config)
+        self.model = model_cls.from_pretrained(model_config.local_path, dtype=torch.float32, attn_implementation=attn_impl)
         self.model.eval()
         tokenizer = model_config.tokenizer
         self.model_config_tokenizer = tokenizer

@@ -177,7 +177,8 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
         score = float(torch.as_tensor(row["rm_scores"]).to(torch.float32).sum())
         rebuilt = rebuild_tokens(prompt, response, mask, gen, score, position_rows)
         override = {}
-        # rollout_log_probs is never kept: a replayed row's rollout log-probs are its anchor
+        # rollout_log_probs is not kept even when it differs from the anchor (always, in sync
+        # mode): group_to_rows writes the anchor there, so a stored copy would never be read.
         for name in ("input_ids", "position_ids", "rm_scores", "loss_mask"):
             if name not in row:
                 continue

@@ -99,7 +99,9 @@ class ReplayStream(ABC):
         added (they join the existing optimiser steps).
         """
 
-    def after_old_log_probs(self, partition_id: str, *, rollout_correction: bool) -> None:
+    def after_old_log_probs(self, partition_id: str, *, rollout_correction: bool, forwarded: bool) -> None:
+        """After verl's old-log-prob stage; ``forwarded``: this round's replay rows went through its
+        forward (else they hold zeros there)."""
         return None
 
     def after_ref_log_probs(self, partition_id: str) -> None:

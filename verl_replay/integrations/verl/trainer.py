@@ -25,6 +25,7 @@ import contextlib
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
@@ -72,13 +73,24 @@ class _StepTotals:
 
     optimizer_steps: int = 0
     tokens: dict[int, int] = field(default_factory=lambda: {SOURCE_FRESH: 0, SOURCE_GROUP_REPLAY: 0, SOURCE_ELITE: 0})
+    replay_seconds: float = 0.0  # in replay's own code (the scan forward included)
 
-    def metrics(self) -> dict[str, float]:
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.replay_seconds += time.perf_counter() - start
+
+    def metrics(self, scan_forward_seconds: float) -> dict[str, float]:
         total = sum(self.tokens.values()) or 1
         return {
             "replay/optimizer_steps": float(self.optimizer_steps),
             "replay/token_share": self.tokens[SOURCE_GROUP_REPLAY] / total,
             "replay/elite/token_share": self.tokens[SOURCE_ELITE] / total,
+            # replay's cost beyond the one forward it needs (the scan): bookkeeping, TransferQueue
+            "replay/overhead_seconds": max(0.0, self.replay_seconds - scan_forward_seconds),
         }
 
 
@@ -240,11 +252,12 @@ class ReplayTrainerMixin:
         # verl's aggregator has merged the rounds' metrics by now; replay's are totals of the step.
         for key in [k for k in metrics if k.startswith(LOSS_METRIC_PREFIX)]:
             metrics[key[len("actor/"):]] = metrics.pop(key)
-        if self.group_replay is not None:
-            metrics.update(prefixed(self.group_replay.end_step(batch), "replay/"))
-        if self.elite_replay is not None:
-            metrics.update(prefixed(self.elite_replay.end_step(batch), "replay/elite/"))
-        metrics.update(self._totals.metrics())
+        with self._totals.timed():
+            if self.group_replay is not None:
+                metrics.update(prefixed(self.group_replay.end_step(batch), "replay/"))
+            if self.elite_replay is not None:
+                metrics.update(prefixed(self.elite_replay.end_step(batch), "replay/elite/"))
+        metrics.update(self._totals.metrics(scan_forward_seconds=metrics.get("replay/scan_forward_seconds", 0.0)))
         return batch
 
     def _begin_replay_step(self) -> None:
@@ -259,19 +272,8 @@ class ReplayTrainerMixin:
         self._mini_batch_groups = None
         if not self._replay_active or logging_prefix != "global_seqlen":
             return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
-        round_index = int(self.local_trigger_step)
-        if round_index == 0:
-            self._begin_replay_step()
-        batch = self._canonical_order(batch)
-        fresh_keys = [key for key, tag in zip(batch.keys, batch.tags) if is_fresh(tag)]
-        fresh_groups = len({key.rsplit("_", 2)[0] for key in fresh_keys})
-        self._mark_fresh_rows(batch)
-        template = split_rows(tq.kv_batch_get(keys=fresh_keys[:1], partition_id=batch.partition_id), 1)[0]
-        added_groups = extra_rows = 0
-        for stream in self._streams:
-            batch, groups, rows = stream.inject(round_index, batch, template)
-            added_groups += groups
-            extra_rows += rows
+        with self._totals.timed():
+            batch, fresh_groups, added_groups, extra_rows = self._inject_round(batch, int(self.local_trigger_step))
         dp_size = self._actor_dp_size()
         # Replayed groups add optimiser steps like a larger GRPO batch; elite rows join the existing
         # steps (EliteReplay mixes its NLL term into each update at a fixed weight).
@@ -291,6 +293,23 @@ class ReplayTrainerMixin:
         with self._planned_mini_batch_size():
             batch = super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
         return self._spread_sources_over_mini_batches(batch, dp_size, plan.num_mini_batches)
+
+    def _inject_round(self, batch: KVBatchMeta, round_index: int) -> tuple[KVBatchMeta, int, int, int]:
+        """The round's replay rows joined to its fresh rows: (batch, fresh groups, replayed groups
+        added, other rows added). The first round opens the global step (selection)."""
+        if round_index == 0:
+            self._begin_replay_step()
+        batch = self._canonical_order(batch)
+        fresh_keys = [key for key, tag in zip(batch.keys, batch.tags) if is_fresh(tag)]
+        fresh_groups = len({key.rsplit("_", 2)[0] for key in fresh_keys})
+        self._mark_fresh_rows(batch)
+        template = split_rows(tq.kv_batch_get(keys=fresh_keys[:1], partition_id=batch.partition_id), 1)[0]
+        added_groups = extra_rows = 0
+        for stream in self._streams:
+            batch, groups, rows = stream.inject(round_index, batch, template)
+            added_groups += groups
+            extra_rows += rows
+        return batch, fresh_groups, added_groups, extra_rows
 
     @staticmethod
     def _spread_sources_over_mini_batches(batch: KVBatchMeta, dp_size: int, num_mini_batches: int) -> KVBatchMeta:
@@ -348,14 +367,18 @@ class ReplayTrainerMixin:
         if forward is batch:
             batch = super()._compute_old_log_prob(batch, metrics)
             if self._has_replay_rows(batch):
-                self._fresh_log_prob_metrics(batch, metrics)
+                with self._totals.timed():
+                    self._fresh_log_prob_metrics(batch, metrics)
         else:
             # Replayed rows keep their stored anchor and elite rows need none: only fresh rows go
             # through the forward (verl's entropy and rollout-vs-actor metrics are then theirs alone).
             super()._compute_old_log_prob(forward, metrics)
-            self._fill_skipped_rows(batch, forward, ("old_log_probs", "entropy"))
-        for stream in self._streams:
-            stream.after_old_log_probs(batch.partition_id, rollout_correction=self._rollout_correction_on())
+        with self._totals.timed():
+            if forward is not batch:
+                self._fill_skipped_rows(batch, forward, ("old_log_probs", "entropy"))
+            for stream in self._streams:
+                stream.after_old_log_probs(batch.partition_id, rollout_correction=self._rollout_correction_on(),
+                                           forwarded=forward is batch)
         return batch
 
     def _compute_ref_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
@@ -366,9 +389,11 @@ class ReplayTrainerMixin:
             batch = super()._compute_ref_log_prob(batch, metrics)
         else:
             super()._compute_ref_log_prob(forward, metrics)
-            self._fill_skipped_rows(batch, forward, ("ref_log_prob",))
-        for stream in self._streams:
-            stream.after_ref_log_probs(batch.partition_id)
+        with self._totals.timed():
+            if forward is not batch:
+                self._fill_skipped_rows(batch, forward, ("ref_log_prob",))
+            for stream in self._streams:
+                stream.after_ref_log_probs(batch.partition_id)
         return batch
 
     @staticmethod
@@ -396,13 +421,13 @@ class ReplayTrainerMixin:
         carry every field (TransferQueue drops a field that some rows lack). The replay streams then
         write what those rows keep (the stored anchor, the stored reference log-probs)."""
         computed = set(forward.keys)
-        skipped = [key for key in batch.keys if key not in computed]
+        skipped = [(key, tag) for key, tag in zip(batch.keys, batch.tags) if key not in computed]
         if not skipped:
             return
-        lengths = tq.kv_batch_get(keys=skipped, partition_id=batch.partition_id,
-                                  select_fields=["response_mask"])["response_mask"].offsets().diff().tolist()
-        values = {name: torch.nested.as_nested_tensor([torch.zeros(int(n), dtype=torch.float32) for n in lengths],
+        lengths = [int(tag["response_len"]) for _, tag in skipped]  # the tags know them: no fetch
+        values = {name: torch.nested.as_nested_tensor([torch.zeros(n, dtype=torch.float32) for n in lengths],
                                                       layout=torch.jagged) for name in fields}
+        skipped = [key for key, _ in skipped]
         tq.kv_batch_put(keys=skipped, partition_id=batch.partition_id, fields=TensorDict(values, batch_size=len(skipped)))
 
     def _fresh_log_prob_metrics(self, batch: KVBatchMeta, metrics: dict) -> None:
@@ -426,11 +451,15 @@ class ReplayTrainerMixin:
             metrics.update(calculate_debug_metrics(data))
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        fresh_rollout_corr = self._fresh_rollout_corr_metrics(batch) if self._replay_active else {}
+        if not self._replay_active:
+            return super()._compute_advantage(batch, metrics)
+        with self._totals.timed():
+            fresh_rollout_corr = self._fresh_rollout_corr_metrics(batch)
         batch = super()._compute_advantage(batch, metrics)
         metrics.update(fresh_rollout_corr)
-        for stream in self._streams:
-            stream.after_advantages(batch.partition_id)
+        with self._totals.timed():
+            for stream in self._streams:
+                stream.after_advantages(batch.partition_id)
         return batch
 
     def _fresh_rollout_corr_metrics(self, batch: KVBatchMeta) -> dict[str, float]:
@@ -496,17 +525,45 @@ class ReplayTrainerMixin:
     def _replay_state_folder(self, global_step_folder: str) -> str:
         return os.path.join(global_step_folder, REPLAY_STATE_DIR)
 
+    def _replay_identity(self) -> dict:
+        """What the stored state's meaning depends on besides the replay settings."""
+        from verl_replay.elite.archive_io import hf_tokenizer_fingerprint
+
+        identity = {
+            "trainer_mode": self.trainer_mode,
+            "anchor_field": self.group_replay.anchor_field if self.group_replay is not None else None,
+            "tokenizer_fingerprint": hf_tokenizer_fingerprint(self.tokenizer),
+        }
+        if self.elite_replay is not None:
+            identity["elite_archive_sha256"] = (self.elite_replay.archive.manifest or {}).get("content_sha256")
+        return identity
+
     def _save_checkpoint(self) -> None:
+        from verl_replay.integrations.verl.replay_state import (
+            decision_settings,
+            prune_orphaned_states,
+            write_state_manifest,
+        )
+
         # Written before verl's own save, whose last act marks the checkpoint as the latest one:
-        # a checkpoint is never "latest" without its replay state.
+        # a checkpoint is never "latest" without its replay state (the manifest is written last).
         folder = self._replay_state_folder(
             os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         )
-        for stream in self._streams:
-            stream.save(folder)
+        if self._replay_active:
+            for stream in self._streams:
+                stream.save(folder)
+            write_state_manifest(folder, step=self.global_steps, identity=self._replay_identity(),
+                                 settings=decision_settings(self.replay_config))
         super()._save_checkpoint()
+        if self._replay_active:
+            for removed in prune_orphaned_states(self.config.trainer.default_local_dir, REPLAY_STATE_DIR,
+                                                 keep_step=self.global_steps):
+                logger.info("removed the replay state of pruned checkpoint %s", removed.parent)
 
     def _load_checkpoint(self) -> None:
+        from verl_replay.integrations.verl.replay_state import ReplayStateError, check_state_manifest, decision_settings
+
         super()._load_checkpoint()
         if not self._replay_active:
             return
@@ -521,6 +578,18 @@ class ReplayTrainerMixin:
         if not os.path.isabs(folder):
             folder = os.path.join(os.getcwd(), folder)
         folder = self._replay_state_folder(folder)
+        found = check_state_manifest(folder, step=self.global_steps, identity=self._replay_identity(),
+                                     settings=decision_settings(self.replay_config))
+        if not found:
+            if not self.replay_config.allow_missing_state:
+                raise ReplayStateError(
+                    f"resuming from global step {self.global_steps}, but {folder} holds no replay state (buffer, "
+                    "sampler): the replay streams would restart empty. Set replay.allow_missing_state=true to accept that"
+                )
+            logger.warning("no replay state in %s: replay restarts empty (replay.allow_missing_state=true)", folder)
+            if self.group_replay is not None:
+                self.group_replay.open_event_log(resume_from_step=self.global_steps)
+            return
         for stream in self._streams:
             stream.load(folder, step=self.global_steps)
 
