@@ -7,8 +7,9 @@
 #   bash scripts/gpu_smoke.sh                  # on a machine with the GPU stack and one GPU
 #   SMOKE_DRY_RUN=1 bash scripts/gpu_smoke.sh  # any machine: compose + validate the run (dry_run=true)
 #
-# vLLM 0.24 serves Qwen3.5 as Qwen3_5ForConditionalGeneration only: with tiny assets whose model is
-# the text-only Qwen3_5ForCausalLM the preflight stops here, naming the architecture.
+# vLLM 0.24 serves Qwen3.5 as Qwen3_5ForConditionalGeneration only, which the tiny assets (format
+# v3) are, with their Qwen3VLProcessor; an older text-only Qwen3_5ForCausalLM tiny model makes the
+# preflight stop here, naming the architecture.
 #
 # Settings (environment): PYTHON (python), OUTPUT_DIR (a fresh temporary folder), STEPS (3),
 # SMOKE_TIMEOUT_S (420: the training run's limit), ROLLOUT_GPU_MEMORY_UTILIZATION (0.3),

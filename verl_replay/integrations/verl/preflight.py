@@ -391,7 +391,8 @@ def _model_shape(config: Mapping[str, Any], probe: Probe) -> tuple[Check, ModelS
         shape = ModelShape.from_hf_config(hf_config)
     except (KeyError, ValueError, TypeError) as exc:
         return Check("model", FAIL, f"{path}/config.json: cannot read the model's sizes ({exc})", "use a Hugging Face model folder"), None, hf_config
-    return Check("model", OK, f"{', '.join(shape.architectures) or '?'} ({shape.total_params / 1e9:.2f}B parameters)"), shape, hf_config
+    size = f"{shape.total_params / 1e9:.2f}B" if shape.total_params >= 1e8 else f"{shape.total_params / 1e6:.2f}M"
+    return Check("model", OK, f"{', '.join(shape.architectures) or '?'} ({size} parameters)"), shape, hf_config
 
 
 def _check_model_arch(config: Mapping[str, Any], probe: Probe, base: Check, shape: ModelShape | None) -> Check:
