@@ -9,6 +9,17 @@ VERL_VERSION = "0.9.1"
 TORCH_RANGE = "torch>=2.11.0,<2.14"
 TRANSFORMERS_RANGE = "transformers>=5.5.3,<5.11"
 VLLM_VERSION = "0.24.0"
+# NCCL weight sync (checkpoint_engine.backend=nccl): verl's nccl engine imports cupy at module top
+# and is silently left unregistered without it. The same pin as verl 0.9.1's `cupy-cu130` extra.
+CUPY_REQUIREMENT = "cupy-cuda13x==14.0.1"
+# Qwen3.5's linear-attention (Gated DeltaNet) kernels, Triton only (a py3-none-any wheel); the same
+# pin as verl 0.9.1's `fsdp` extra.
+FLA_VERSION = "0.5.2"
+# CUDA extensions with no wheel on PyPI (sdists that compile against the installed torch): not in
+# any extra, built by docker/install_kernels.sh (the Docker image runs the same script). Pinned
+# here so that docker/check_pins.py has one source for them.
+FLASH_ATTN_VERSION = "2.8.3"  # verl 0.9.1's `flash-attn-cu130torch211` extra
+CAUSAL_CONV1D_VERSION = "1.7.0"
 
 install_requires = [
     f"verl[verl-core]=={VERL_VERSION}",
@@ -26,7 +37,12 @@ install_requires = [
 ]
 
 extras_require = {
-    "gpu": ["torch==2.11.0", f"vllm=={VLLM_VERSION}"],
+    "gpu": [
+        "torch==2.11.0",
+        f"vllm=={VLLM_VERSION}",
+        CUPY_REQUIREMENT,
+        f"flash-linear-attention=={FLA_VERSION}",
+    ],
     "test": [
         "pytest>=8",
         "pytest-timeout>=2.3",

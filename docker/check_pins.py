@@ -7,8 +7,11 @@ No Docker engine is needed: the Dockerfile and setup.py are parsed as text (setu
     python docker/check_pins.py                        # Dockerfile ARG defaults vs setup.py
     python docker/check_pins.py installed --from-env   # this Python's packages vs the pins
 
-``check`` (the default) compares the ARG defaults with setup.py's constants and ranges and, when
-the installed verl is the pinned version, with verl's own ``vllm`` / ``flash-attn`` extras.
+``check`` (the default) compares the ARG defaults with setup.py's constants and ranges (the GPU
+extra's torch, vLLM, cupy and flash-linear-attention pins, the flash-attn and causal-conv1d
+versions that docker/install_kernels.sh builds, and that script's own defaults) and, when the
+installed verl is the pinned version, with verl's own ``vllm`` / ``fsdp`` / ``cupy-cu130`` /
+``flash-attn`` extras.
 ``installed`` compares the distributions installed in the running interpreter with the pins;
 ``--from-env`` takes the pins from environment variables named like the ARGs (inside a
 ``docker build`` RUN step those hold the ``--build-arg`` values), falling back to the
@@ -42,6 +45,7 @@ except ImportError:  # a bare interpreter still has pip's vendored copy
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
 DEFAULT_SETUP = REPO_ROOT / "setup.py"
+DEFAULT_INSTALL_KERNELS = REPO_ROOT / "docker" / "install_kernels.sh"
 
 # Version ARGs the Dockerfile must declare before its first FROM, with a non-empty default.
 # ARG name -> the distribution it pins (None: not a distribution).
@@ -54,8 +58,15 @@ VERSION_ARGS: dict[str, str | None] = {
     "VERL_VERSION": "verl",
     "TRANSFORMERS_VERSION": "transformers",
     "FLASH_ATTN_VERSION": "flash-attn",
+    "CAUSAL_CONV1D_VERSION": "causal-conv1d",
+    "CUPY_VERSION": "cupy-cuda13x",
+    "FLA_VERSION": "flash-linear-attention",
     "VERL_REPLAY_VERSION": "verl-replay",
 }
+# Kernels built from source (docker/install_kernels.sh): an empty ARG skips them.
+OPTIONAL_ARGS = ("FLASH_ATTN_VERSION", "CAUSAL_CONV1D_VERSION")
+# verl's own extras that pin parts of the GPU stack.
+VERL_EXTRAS = ("vllm", "fsdp", "cupy-cu130", "flash-attn-cu130torch211")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -488,24 +499,47 @@ def check_pins(args: dict[str, str | None], setup: SetupPins) -> list[Finding]:
     findings.append(
         _equal("VERL_REPLAY_VERSION", get("VERL_REPLAY_VERSION"), setup.version, "setup.py version")
     )
+    findings.append(
+        _equal("CUPY_VERSION", get("CUPY_VERSION"), setup.pinned("cupy-cuda13x", "gpu"), "setup.py extra gpu cupy-cuda13x")
+    )
+    findings.append(
+        _equal("FLA_VERSION", get("FLA_VERSION"), setup.pinned("flash-linear-attention", "gpu"),
+               "setup.py extra gpu flash-linear-attention")
+    )
+    for name in OPTIONAL_ARGS:
+        findings.append(_equal(name, get(name), setup.constant(name), f"setup.py {name}"))
     return findings
 
 
+_SCRIPT_DEFAULT = re.compile(r'^\s*:\s*"\$\{([A-Z0-9_]+):=([^}]*)\}"', re.MULTILINE)
+
+
+def script_defaults(text: str) -> dict[str, str]:
+    """``: "${NAME:=value}"`` defaults of a bash script."""
+    return {name: value for name, value in _SCRIPT_DEFAULT.findall(text)}
+
+
+def check_install_kernels(text: str, setup: SetupPins) -> list[Finding]:
+    """docker/install_kernels.sh builds the versions setup.py names."""
+    defaults = script_defaults(text)
+    return [
+        _equal(f"install_kernels.sh {name}", defaults.get(name), setup.constant(name), f"setup.py {name}")
+        for name in OPTIONAL_ARGS
+    ]
+
+
 def verl_extra_pins(requires_of: Callable[[str], list[str] | None]) -> dict[str, str]:
-    """Pins in the installed verl's own extras: the ``vllm`` stack and its flash-attn extra."""
+    """Pins in the installed verl's own GPU extras (``VERL_EXTRAS``), the first one seen wins."""
     pins: dict[str, str] = {}
     for line in requires_of("verl") or []:
         requirement = Requirement(line)
         if requirement.marker is None:
             continue
-        marker = str(requirement.marker)
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", str(requirement.marker))
         pin = _exact_pin(requirement)
-        if pin is None:
+        if pin is None or extra is None or extra.group(1) not in VERL_EXTRAS:
             continue
-        in_vllm_extra = re.search(r"""extra\s*==\s*["']vllm["']""", marker) is not None
-        is_flash_attn = _canonical(requirement.name) == "flash-attn" and "extra" in marker
-        if in_vllm_extra or is_flash_attn:
-            pins.setdefault(_canonical(requirement.name), pin)
+        pins.setdefault(_canonical(requirement.name), pin)
     return pins
 
 
@@ -550,10 +584,12 @@ def check_installed(
         if distribution is None:
             continue
         wanted = expected.get(name)
-        if name == "FLASH_ATTN_VERSION" and not wanted:
-            findings.append(Finding(True, "flash-attn", "not pinned (FLASH_ATTN_VERSION is empty)"))
+        if name in OPTIONAL_ARGS and not wanted:
+            findings.append(Finding(True, distribution, f"not pinned ({name} is empty)"))
             continue
         findings.append(_equal(distribution, version_of(distribution), wanted, name))
+    if expected.get("FLA_VERSION"):  # flash-linear-attention pins its kernels' package exactly
+        findings.append(_equal("fla-core", version_of("fla-core"), expected["FLA_VERSION"], "FLA_VERSION"))
     findings.append(
         _within("torch", version_of("torch"), setup.range_of("TORCH_RANGE").specifier, "setup.py TORCH_RANGE")
     )
@@ -604,6 +640,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs="?", default="check", choices=["check", "installed"])
     parser.add_argument("--dockerfile", type=Path, default=DEFAULT_DOCKERFILE)
     parser.add_argument("--setup", type=Path, default=DEFAULT_SETUP, help="setup.py to compare with")
+    parser.add_argument("--install-kernels", type=Path, default=DEFAULT_INSTALL_KERNELS,
+                        help="check: docker/install_kernels.sh to compare with")
     parser.add_argument(
         "--no-verl-metadata",
         action="store_true",
@@ -622,6 +660,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if options.command == "check":
         findings = check_dockerfile(dockerfile, setup)
+        findings += check_install_kernels(options.install_kernels.read_text(encoding="utf-8"), setup)
         if not options.no_verl_metadata:
             findings += check_verl_metadata(args, installed_version, installed_requires)
         print(f"{options.dockerfile} vs {options.setup}")

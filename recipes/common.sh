@@ -7,6 +7,8 @@
 #     so it can be copied and re-run by hand; stdout carries only what the commands print;
 #   - DRY_RUN=1 runs the training command with dry_run=true (compose + validate + print the config,
 #     on CPU) and only prints the search / evaluation commands;
+#   - otherwise `python -m verl_replay.preflight` checks the stack first (PREFLIGHT=0 skips it,
+#     PREFLIGHT=only stops after it, PREFLIGHT=table prints the per-GPU memory budget and stops);
 #   - extra command-line arguments of a recipe are Hydra overrides appended last to the training
 #     command (the last value of a key wins).
 # shellcheck shell=bash
@@ -290,7 +292,7 @@ gpu_engine_overrides() {
     actor_rollout_ref.actor.use_dynamic_bsz=True
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$PPO_MAX_TOKEN_LEN"
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$LOG_PROB_MAX_TOKEN_LEN"
-    "actor_rollout_ref.actor.fsdp_config.param_offload=$ACTOR_OFFLOAD"
+    "actor_rollout_ref.actor.fsdp_config.param_offload=$ACTOR_PARAM_OFFLOAD"
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload=$ACTOR_OFFLOAD"
     "actor_rollout_ref.rollout.tensor_model_parallel_size=$ROLLOUT_TP"
     "actor_rollout_ref.rollout.gpu_memory_utilization=$ROLLOUT_GPU_MEMORY_UTILIZATION"
@@ -308,7 +310,8 @@ setup_engine() {
   : "${LOG_PROB_MAX_TOKEN_LEN:=$((2 * PPO_MAX_TOKEN_LEN))}"
   : "${MAX_NUM_BATCHED_TOKENS:=$((MAX_MODEL_LEN > 16384 ? MAX_MODEL_LEN : 16384))}"
   : "${ROLLOUT_GPU_MEMORY_UTILIZATION:=0.85}"
-  : "${ACTOR_OFFLOAD:=False}"
+  : "${ACTOR_OFFLOAD:=False}"       # optimizer state to CPU (fine with separate_async)
+  : "${ACTOR_PARAM_OFFLOAD:=False}" # parameters too: only with one update round per weight push
   : "${LOGGER:=[console,file]}"
   : "${KEEP_CHECKPOINTS:=2}"
   require_positive PPO_MAX_TOKEN_LEN LOG_PROB_MAX_TOKEN_LEN MAX_NUM_BATCHED_TOKENS KEEP_CHECKPOINTS
@@ -316,6 +319,10 @@ setup_engine() {
     die "PPO_MAX_TOKEN_LEN ($PPO_MAX_TOKEN_LEN) must hold one full sequence (MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH = $MAX_MODEL_LEN)"
   require_number ROLLOUT_GPU_MEMORY_UTILIZATION
   require_one_of ACTOR_OFFLOAD True False
+  require_one_of ACTOR_PARAM_OFFLOAD True False
+  if [[ "$ACTOR_PARAM_OFFLOAD" == True ]] && ((PARAMETER_SYNC_STEP > 1)); then
+    die "ACTOR_PARAM_OFFLOAD=True with $PARAMETER_SYNC_STEP update rounds per weight push: verl's separate_async snapshots pi_old with save_model_to_cpu, which assumes GPU-resident parameters; use ACTOR_OFFLOAD=True (optimizer only) or PARAMETER_SYNC_STEP=1"
+  fi
 }
 
 # eval_model_dir: the HF model the evaluation stage reads: EVAL_MODEL if set, else the latest
@@ -393,4 +400,77 @@ base_train_args() {
   )
   # replayed groups add optimiser steps of PPO_MINI_PROMPTS groups, whatever the round size
   if [[ "$STRATEGY" != none ]]; then TRAIN_ARGS+=("replay.ppo_mini_batch_size=$PPO_MINI_PROMPTS"); fi
+}
+
+# setup_attention: ATTN_IMPL (auto, flash_attention_2, sdpa, eager) -> ATTN_IMPL + USE_REMOVE_PADDING.
+#   auto: flash_attention_2 with padding-free packing when flash-attn imports here, else sdpa with
+#   padded micro-batches (verl packs sequences for flash attention only). TINY=1: the CPU profile's sdpa.
+setup_attention() {
+  : "${ATTN_IMPL:=auto}"
+  require_one_of ATTN_IMPL auto flash_attention_2 sdpa eager
+  if is_true "$TINY"; then
+    USE_REMOVE_PADDING=False
+    return 0
+  fi
+  local choice
+  choice="$("$PYTHON" -m verl_replay.preflight --choose-attn "$ATTN_IMPL")" ||
+    die "could not choose the attention implementation ($PYTHON -m verl_replay.preflight --choose-attn $ATTN_IMPL)"
+  read -r ATTN_IMPL USE_REMOVE_PADDING <<<"$choice"
+}
+
+# gpu_stack_overrides: the attention choice (see setup_attention) for the GPU profile.
+gpu_stack_overrides() {
+  is_true "$TINY" && return 0
+  TRAIN_ARGS+=(
+    "actor_rollout_ref.model.override_config.attn_implementation=$ATTN_IMPL"
+    "actor_rollout_ref.model.use_remove_padding=$USE_REMOVE_PADDING"
+  )
+}
+
+# cluster_overrides: joining a running Ray cluster (RAY_ADDRESS is set, e.g. inside `ray job submit`).
+#   Ray refuses num_cpus / num_gpus when it joins a cluster, so the CPU profile's logical counts are
+#   dropped (the cluster's nodes declare their own). TINY=1's one training and one rollout worker then
+#   go wherever the nodes offer a slot: on a cluster of two one-slot nodes, a whole-node split with
+#   the weights sent between the nodes.
+cluster_overrides() {
+  [[ -n "${RAY_ADDRESS:-}" ]] || return 0
+  TRAIN_ARGS+=(ray_kwargs.ray_init.num_cpus=null ray_kwargs.ray_init.num_gpus=null)
+}
+
+# run_preflight GENERATION_GPUS: `python -m verl_replay.preflight` with the training overrides
+# (TRAIN_ARGS, from the recipe's train_cmd), the stages and the GPUs of the search / eval engine.
+# Stops the recipe when a check fails. PREFLIGHT=0 skips it; PREFLIGHT=only stops after it;
+# PREFLIGHT=table prints the per-GPU memory budget of the config instead (no checks, any machine).
+run_preflight() {
+  local generation_gpus=$1
+  [[ -z "${PREFLIGHT_DONE:-}" ]] || return 0
+  PREFLIGHT_DONE=1
+  : "${PREFLIGHT:=1}"
+  require_one_of PREFLIGHT 1 0 only table
+  local -a args=()
+  local arg
+  for arg in "${TRAIN_ARGS[@]}"; do [[ "$arg" == dry_run=* ]] || args+=("$arg"); done
+  if [[ "$PREFLIGHT" == table ]]; then
+    run_stage memory "$PYTHON" -m verl_replay.preflight --memory-table "${args[@]}"
+    exit 0
+  fi
+  if is_true "$DRY_RUN" || [[ "$PREFLIGHT" == 0 ]]; then return 0; fi
+  log "preflight: $(quote_cmd "$PYTHON" -m verl_replay.preflight --stages "$STAGES" --generation-gpus "$generation_gpus" "${args[@]}")"
+  "$PYTHON" -m verl_replay.preflight --stages "$STAGES" --generation-gpus "$generation_gpus" "${args[@]}" ||
+    die "preflight failed: fix the FAIL lines above (PREFLIGHT=0 skips this check)"
+  if [[ "$PREFLIGHT" == only ]]; then
+    log "preflight OK (PREFLIGHT=only: stopping here)"
+    exit 0
+  fi
+}
+
+# preflight_val_files: VAL_FILES as the training stage passes it (a Hydra list for several files).
+preflight_val_files() {
+  if [[ "$VAL_FILES" == \[* ]]; then
+    printf '%s' "$VAL_FILES" # already a Hydra list (the train stage converted it)
+    return
+  fi
+  local -a files
+  split_csv files "$VAL_FILES"
+  if ((${#files[@]} > 1)); then printf '%s' "$(hydra_list "${files[@]}")"; else printf '%s' "$VAL_FILES"; fi
 }

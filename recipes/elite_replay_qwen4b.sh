@@ -115,11 +115,12 @@ require_one_of SEARCH_BACKEND vllm hf
 require_one_of EVAL_BACKEND vllm hf
 setup_rounds
 setup_engine
+setup_attention
 : "${SEARCH_MAX_MODEL_LEN:=$((MAX_MODEL_LEN + SEARCH_MAX_NEW_TOKENS))}" # mutation prompts add a parent
 
 print_settings STRATEGY STAGES TINY DRY_RUN MODEL_PATH TRAIN_FILES EVAL_FILES ARCHIVE RUN_DIR TOTAL_STEPS \
   TRAIN_PROMPTS GROUP_SIZE PPO_MINI_PROMPTS PARAMETER_SYNC_STEP MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH MU \
-  ELITE_BATCH_SIZE
+  ELITE_BATCH_SIZE ATTN_IMPL
 
 # The frozen base model does the search; the archive is shared by the elite and elite_iid runs.
 search_cmd() {
@@ -153,19 +154,32 @@ train_cmd() {
     )
   fi
   placement_overrides
+  cluster_overrides
   checkpoint_overrides
   gpu_engine_overrides
+  gpu_stack_overrides
   TRAIN_ARGS+=("$@")
   if is_true "$DRY_RUN"; then TRAIN_ARGS+=(dry_run=true); fi
   TRAIN_CMD=("$PYTHON" -m verl_replay.main "${TRAIN_ARGS[@]}")
 }
 
 
+# The stack check before the first stage that runs (after that stage's input checks): the training
+# overrides, as the train stage passes them, go to `python -m verl_replay.preflight` (once).
+preflight() {
+  local train_val_files=$VAL_FILES
+  VAL_FILES="$(preflight_val_files)"
+  train_cmd "$@"
+  VAL_FILES=$train_val_files
+  run_preflight "$((SEARCH_TP > EVAL_TP ? SEARCH_TP : EVAL_TP))"
+}
+
 if stage_on search; then
   require_file "$TRAIN_FILES" "SQL training set (TRAIN_FILES)"
   require_model "$MODEL_PATH"
   if ! is_true "$DRY_RUN"; then mkdir -p "$(dirname "$ARCHIVE")"; fi
   search_cmd
+  preflight "$@"
   if is_true "$DRY_RUN"; then show_stage search "${SEARCH_CMD[@]}"; else run_stage search "${SEARCH_CMD[@]}"; fi
 fi
 
@@ -180,6 +194,7 @@ if stage_on train; then
     require_file "$ARCHIVE" "frozen archive (ARCHIVE; run the search stage first)"
     require_file "$ARCHIVE.manifest.json" "archive manifest"
   fi
+  preflight "$@"
   train_cmd "$@"
   run_stage train "${TRAIN_CMD[@]}"
 fi
@@ -191,6 +206,7 @@ if stage_on eval; then
   for file in "${eval_files[@]}"; do require_file "$file" "evaluation set (EVAL_FILES)"; done
   require_model "$eval_model"
   eval_cmd "$eval_model"
+  preflight "$@"
   if is_true "$DRY_RUN"; then show_stage eval "${EVAL_CMD[@]}"; else run_stage eval "${EVAL_CMD[@]}"; fi
 fi
 

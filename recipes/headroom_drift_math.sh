@@ -112,6 +112,7 @@ if [[ "$STRATEGY" != none && -z "${PARAMETER_SYNC_STEP:-}" ]]; then
 fi
 setup_rounds
 setup_engine
+setup_attention
 FRESH_RESPONSES=$((TRAIN_PROMPTS * GROUP_SIZE))
 REPLAY_RESPONSES=$((K_REP * GROUP_SIZE))
 case "$STRATEGY" in
@@ -126,7 +127,7 @@ absolute_paths RUN_DIR EVAL_OUT
 if [[ -n "${EVAL_MODEL:-}" ]]; then absolute_model EVAL_MODEL; fi
 
 print_settings STRATEGY STAGES TINY DRY_RUN MODEL_PATH TRAIN_FILES EVAL_FILES RUN_DIR TOTAL_STEPS TRAIN_PROMPTS \
-  GROUP_SIZE PPO_MINI_PROMPTS PARAMETER_SYNC_STEP K_REP TAU MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH
+  GROUP_SIZE PPO_MINI_PROMPTS PARAMETER_SYNC_STEP K_REP TAU MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH ATTN_IMPL
 
 train_cmd() {
   base_train_args math
@@ -151,13 +152,25 @@ train_cmd() {
     )
   fi
   placement_overrides
+  cluster_overrides
   checkpoint_overrides
   gpu_engine_overrides
+  gpu_stack_overrides
   TRAIN_ARGS+=("$@")
   if is_true "$DRY_RUN"; then TRAIN_ARGS+=(dry_run=true); fi
   TRAIN_CMD=("$PYTHON" -m verl_replay.main "${TRAIN_ARGS[@]}")
 }
 
+
+# The stack check before the first stage that runs (after that stage's input checks): the training
+# overrides, as the train stage passes them, go to `python -m verl_replay.preflight` (once).
+preflight() {
+  local train_val_files=$VAL_FILES
+  VAL_FILES="$(preflight_val_files)"
+  train_cmd "$@"
+  VAL_FILES=$train_val_files
+  run_preflight "$EVAL_TP"
+}
 
 if stage_on train; then
   require_file "$TRAIN_FILES" "math training set (TRAIN_FILES)"
@@ -166,6 +179,7 @@ if stage_on train; then
   for file in "${val_files[@]}"; do require_file "$file" "validation set (VAL_FILES)"; done
   require_model "$MODEL_PATH"
   if ((${#val_files[@]} > 1)); then VAL_FILES="$(hydra_list "${val_files[@]}")"; fi
+  preflight "$@"
   train_cmd "$@"
   run_stage train "${TRAIN_CMD[@]}"
 fi
@@ -177,6 +191,7 @@ if stage_on eval; then
   for file in "${eval_files[@]}"; do require_file "$file" "evaluation set (EVAL_FILES)"; done
   require_model "$eval_model"
   eval_cmd "$eval_model"
+  preflight "$@"
   if is_true "$DRY_RUN"; then show_stage eval "${EVAL_CMD[@]}"; else run_stage eval "${EVAL_CMD[@]}"; fi
 fi
 

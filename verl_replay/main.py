@@ -39,7 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from verl_replay.config import ReplayConfig, ReplayConfigError, check_override_keys
 from verl_replay.console import Console, step_line
-from verl_replay.preflight import (
+from verl_replay.input_checks import (
     PreflightError,
     check_archive_file,
     check_data_files,

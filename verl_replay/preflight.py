@@ -1,188 +1,103 @@
-"""Start-up checks of a training run's inputs, in the driver, before Ray starts.
+"""``python -m verl_replay.preflight [options] [hydra overrides]``: check the stack a training
+config needs before any GPU is touched, one line per check with the fix.
 
-A wrong path used to surface 20 s later as a 60-line Ray traceback from a worker. Each check
-here raises :class:`PreflightError` with one line naming the config key, the path and what to
-change. Checked: the data files (exist, are parquet, have the prompt column), the SQLite
-database every SQL row names (exists, is an SQLite file), the model directory (has a
-``config.json``), the tokenizer (loads), the EliteReplay archive file (exists).
+The overrides are those of ``python -m verl_replay.main`` (the recipes pass their training
+overrides); the config is composed and resolved the same way. Options:
 
-Paths with a URL scheme (``hdfs://``, ``s3://``) and models given as hub ids (``org/name`` that
-is not a local path) are left to verl. Imports pyarrow and transformers lazily; never verl.
+    --stages search,train,eval   stages the run will do (GPU count: the training placement when
+                                 ``train`` is among them, else ``--generation-gpus``)
+    --generation-gpus N          GPUs of the search / evaluation vLLM engine (default 1)
+    --json PATH                  also write the checks as JSON
+    --memory-table               print the per-GPU memory budget of the config as Markdown
+                                 (the model's config.json, else the Qwen3.5-4B shape) and exit
+    --choose-attn REQUESTED      print ``IMPL USE_REMOVE_PADDING`` for ``auto`` or a name and exit
+
+Exit status: 0 when nothing failed, 1 when a check failed, 2 for a config that does not compose.
+The checks themselves live in :mod:`verl_replay.integrations.verl.preflight`.
 """
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Iterable, Mapping
+import argparse
+import json
+import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional
 
-__all__ = [
-    "PreflightError",
-    "check_archive_file",
-    "check_data_files",
-    "check_model_dir",
-    "check_sql_databases",
-    "check_tokenizer",
-    "is_hub_id",
-    "is_remote",
-]
-
-SQLITE_MAGIC = b"SQLite format 3\x00"
-_SQL_SOURCES = frozenset({"bird", "spider", "ambiqt", "tiny_sql"})  # verl_replay.rewards' SQL names
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+PREFIX = "[preflight]"
 
 
-class PreflightError(ValueError):
-    """A run input that cannot work; the message is one line naming the key and the path."""
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m verl_replay.preflight", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stages", default="train", help="comma-separated: search, train, eval (default: train)")
+    p.add_argument("--generation-gpus", type=int, default=1, help="GPUs of the search / eval engine (default: 1)")
+    p.add_argument("--json", type=Path, default=None, help="write the checks to this JSON file too")
+    p.add_argument("--memory-table", action="store_true", help="print the memory budget table and exit")
+    p.add_argument("--gpu-memory-gib", type=float, default=80.0, help="--memory-table: GPU size (default: 80)")
+    p.add_argument("--choose-attn", metavar="REQUESTED", default=None,
+                   help="print the attention implementation for REQUESTED (auto or a name) and exit")
+    return p
 
 
-def is_remote(path: str) -> bool:
-    return "://" in path
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    options, overrides = parser.parse_known_args(argv)
+    unknown = [o for o in overrides if o.startswith("-")]
+    if unknown:
+        parser.error(f"unknown option(s) {unknown}; hydra overrides look like key=value")
 
+    from verl_replay.integrations.verl import preflight as pf
 
-def is_hub_id(path: str) -> bool:
-    """``org/name`` that is not a local path: transformers / vLLM resolve it from the hub cache."""
-    return bool(_HUB_ID.match(path)) and not Path(path).exists() and not Path(path.split("/")[0]).exists()
-
-
-def as_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, (str, os.PathLike)):
-        return [os.fspath(value)]
-    return [os.fspath(v) for v in value]
-
-
-# ---------------------------------------------------------------------------- data
-
-
-def check_data_files(key: str, value: Any, *, prompt_key: str = "prompt") -> list[Path]:
-    """Every file of ``key`` (a path or a list) exists and is a parquet file with ``prompt_key``."""
-    files = as_list(value)
-    if not files:
-        raise PreflightError(f"{key} is empty: give a parquet file (python -m verl_replay.data prepare ...)")
-    local = []
-    for name in files:
-        if is_remote(name):
-            continue
-        path = Path(name).expanduser()
-        if not path.is_file():
-            what = "is a directory, not a parquet file" if path.is_dir() else "does not exist"
-            raise PreflightError(f"{key}: {path} {what} (python -m verl_replay.data prepare ... writes one)")
-        columns = _parquet_columns(key, path)
-        if prompt_key not in columns:
-            raise PreflightError(
-                f"{key}: {path} has no '{prompt_key}' column (data.prompt_key); columns: {', '.join(columns)}"
-            )
-        local.append(path)
-    return local
-
-
-def _parquet_columns(key: str, path: Path) -> list[str]:
-    import pyarrow.parquet as pq
-
+    if options.choose_attn is not None:
+        impl, packed, why = pf.choose_attention(options.choose_attn)
+        print(f"{PREFIX} attention: {why}", file=sys.stderr)
+        print(f"{impl} {packed}")
+        return 0
     try:
-        return list(pq.read_schema(path).names)
-    except Exception as error:  # pyarrow raises ArrowInvalid / OSError subclasses for non-parquet bytes
-        raise PreflightError(f"{key}: {path} is not a readable parquet file ({error})") from None
+        config = pf.compose_config(overrides)
+    except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf raise many types for a bad override
+        print(f"{PREFIX} error: the config does not compose: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    if options.memory_table:
+        return _memory_table(pf, config, options.gpu_memory_gib)
+    stages = [s.strip() for s in options.stages.split(",") if s.strip()]
+    checks, budget = pf.run_checks(config, stages=stages, generation_gpus=options.generation_gpus)
+    model = pf.config_value(config, "actor_rollout_ref.model.path", "?")
+    mode = pf.config_value(config, "trainer.v1.trainer_mode", "sync")
+    print(f"{PREFIX} trainer.device={pf.config_value(config, 'trainer.device', 'cuda')} trainer_mode={mode} "
+          f"stages={','.join(stages)} model={model}", flush=True)
+    for check in checks:
+        for line in check.lines():
+            print(f"{PREFIX} {line}")
+    if budget is not None:
+        from verl_replay.memory_budget import budget_lines
+
+        for line in budget_lines(budget):
+            print(f"{PREFIX} memory: {line}")
+    print(f"{PREFIX} {pf.summary(checks)}", flush=True)
+    if options.json is not None:
+        options.json.parent.mkdir(parents=True, exist_ok=True)
+        options.json.write_text(json.dumps(pf.to_json(checks), indent=1) + "\n", encoding="utf-8")
+    return 1 if any(c.status == pf.FAIL for c in checks) else 0
 
 
-def check_sql_databases(key: str, files: Iterable[Path]) -> int:
-    """The SQLite file of every SQL row (``extra_info.db_path``) exists; returns how many distinct.
+def _memory_table(pf, config: dict, gpu_memory_gib: float) -> int:
+    from verl_replay.memory_budget import ModelShape, estimate, format_markdown
 
-    A row is SQL when its ``data_source`` is one the SQL reward handles (bird, spider, ambiqt,
-    tiny_sql, sql*) or when it names a ``db_path``; a SQL row without one cannot be scored.
-    """
-    checked: set[str] = set()
-    for path in files:
-        for row, source, info in _sql_rows(path):
-            db_path = info.get("db_path")
-            if not db_path:
-                raise PreflightError(
-                    f"{key}: {path} row {row} (data_source {source!r}) has no extra_info.db_path: "
-                    "the SQL reward needs the question's SQLite file"
-                )
-            db = Path(os.fspath(db_path))
-            if not db.is_absolute() and info.get("db_root"):
-                db = Path(os.fspath(info["db_root"])) / db
-            if str(db) in checked:
-                continue
-            _check_sqlite(key, path, row, db)
-            checked.add(str(db))
-    return len(checked)
-
-
-def _sql_rows(path: Path) -> Iterable[tuple[int, str, Mapping[str, Any]]]:
-    import pyarrow.parquet as pq
-
-    names = set(pq.read_schema(path).names)
-    columns = [c for c in ("data_source", "extra_info") if c in names]
-    if not columns:
-        return
-    table = pq.read_table(path, columns=columns).to_pydict()
-    sources = table.get("data_source", [None] * _table_len(table))
-    infos = table.get("extra_info", [None] * _table_len(table))
-    for row, (source, info) in enumerate(zip(sources, infos)):
-        info = info if isinstance(info, Mapping) else {}
-        name = str(source or "").lower()
-        if name in _SQL_SOURCES or name.startswith("sql") or info.get("db_path"):
-            yield row, str(source), info
-
-
-def _table_len(table: Mapping[str, list]) -> int:
-    return len(next(iter(table.values()))) if table else 0
-
-
-def _check_sqlite(key: str, data_file: Path, row: int, db: Path) -> None:
-    where = f"{key}: {data_file} row {row} names the database {db}"
-    if not db.is_file():
-        raise PreflightError(f"{where}, which does not exist (prepare the data where the databases are)")
-    with open(db, "rb") as handle:
-        if handle.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
-            raise PreflightError(f"{where}, which is not an SQLite database file")
-
-
-# ---------------------------------------------------------------------------- model, tokenizer, archive
-
-
-def check_model_dir(key: str, path: Optional[str]) -> Optional[Path]:
-    """A local model directory with ``config.json``; None for a hub id (checked by its loader)."""
-    if not path:
-        raise PreflightError(f"{key} is required: a model directory (or a hub id such as Qwen/Qwen3.5-4B)")
-    if is_remote(path) or is_hub_id(path):
-        return None
-    model = Path(path).expanduser()
-    if not model.is_dir():
-        what = "is a file, not a model directory" if model.exists() else "does not exist"
-        raise PreflightError(f"{key}: {model} {what}")
-    if not (model / "config.json").is_file():
-        raise PreflightError(f"{key}: {model} has no config.json (not a Hugging Face model directory)")
-    return model
-
-
-def check_tokenizer(key: str, path: Optional[str], *, trust_remote_code: bool = False) -> Any:
-    """Load the tokenizer verl will load; None for a hub id (not fetched here)."""
-    if not path or is_remote(path) or is_hub_id(path):
-        return None
-    from transformers import AutoTokenizer
-
+    path = str(pf.config_value(config, "actor_rollout_ref.model.path", ""))
     try:
-        return AutoTokenizer.from_pretrained(str(Path(path).expanduser()), trust_remote_code=trust_remote_code)
-    except Exception as error:  # transformers raises OSError / ValueError / others for unusable folders
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise PreflightError(f"{key}: no tokenizer loads from {path} ({first})") from None
+        hf_config = pf.Probe().read_model_config(path)
+    except (OSError, ValueError):
+        hf_config = None
+    shape = ModelShape.from_hf_config(hf_config) if hf_config else pf.reference_shape()
+    source = f"{path}/config.json" if hf_config else "the Qwen3.5-4B shape (verl_replay.memory_budget.QWEN3_5_4B_CONFIG)"
+    fused = pf.attention_of(config) in pf.ATTN_FLASH  # flash attention implies flash-attn's fused cross-entropy
+    budget = estimate(shape, pf.run_sizes(config, gpu_memory_gib, fused_cross_entropy=fused))
+    print(f"Model shape from {source}; attention {pf.attention_of(config)}.\n")
+    print(format_markdown(budget), end="")
+    return 0
 
 
-def check_archive_file(key: str, path: Optional[str]) -> Path:
-    if not path:
-        raise PreflightError(f"{key} is required for this strategy (python -m verl_replay.elite.search writes one)")
-    archive = Path(path).expanduser()
-    if not archive.is_file():
-        raise PreflightError(
-            f"{key}: {archive} does not exist (python -m verl_replay.elite.search writes one; "
-            f"for the tiny run: python -m verl_replay.elite.search --tiny --out {archive})"
-        )
-    return archive
-
+if __name__ == "__main__":
+    sys.exit(main())

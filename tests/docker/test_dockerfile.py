@@ -22,6 +22,7 @@ DOCKERFILE = REPO / "docker" / "Dockerfile"
 SETUP = REPO / "setup.py"
 DOCKERIGNORE = REPO / ".dockerignore"
 CHECK_PINS = REPO / "docker" / "check_pins.py"
+INSTALL_KERNELS = REPO / "docker" / "install_kernels.sh"
 
 
 def _load_check_pins():
@@ -78,6 +79,9 @@ def test_version_args_are_declared_at_the_top_with_defaults(args):
         "VERL_VERSION",
         "TRANSFORMERS_VERSION",
         "FLASH_ATTN_VERSION",
+        "CAUSAL_CONV1D_VERSION",
+        "CUPY_VERSION",
+        "FLA_VERSION",
     ]
     for name in required:
         assert args.get(name), f"{name} must be an ARG with a default before the first FROM"
@@ -94,6 +98,11 @@ def test_version_args_equal_setup_py(args, setup_pins):
     assert setup_pins.range_of("TRANSFORMERS_RANGE").specifier.contains(args["TRANSFORMERS_VERSION"])
     assert setup_pins.python_requires.contains(args["PYTHON_VERSION"])
     assert args["VERL_REPLAY_VERSION"] == setup_pins.version
+    # the GPU extra brings NCCL weight sync (cupy) and the linear-attention kernels (fla)
+    assert args["CUPY_VERSION"] == setup_pins.pinned("cupy-cuda13x", extra="gpu") == "14.0.1"
+    assert args["FLA_VERSION"] == setup_pins.pinned("flash-linear-attention", extra="gpu") == "0.5.2"
+    assert args["FLASH_ATTN_VERSION"] == setup_pins.constant("FLASH_ATTN_VERSION") == "2.8.3"
+    assert args["CAUSAL_CONV1D_VERSION"] == setup_pins.constant("CAUSAL_CONV1D_VERSION")
 
 
 def test_check_pins_finds_no_mismatch(dockerfile, setup_pins):
@@ -107,7 +116,7 @@ def test_version_args_equal_the_installed_verl_extras(args):
         pytest.skip(f"installed verl is {installed}, the Dockerfile pins {args['VERL_VERSION']}")
     findings = cp.check_verl_metadata(args, cp.installed_version, cp.installed_requires)
     checked = {f.what for f in findings}
-    assert {"TORCH_VERSION", "VLLM_VERSION", "TRANSFORMERS_VERSION", "FLASH_ATTN_VERSION"} <= checked
+    assert {"TORCH_VERSION", "VLLM_VERSION", "TRANSFORMERS_VERSION", "FLASH_ATTN_VERSION", "CUPY_VERSION", "FLA_VERSION"} <= checked
     assert not _failures(findings), _failures(findings)
 
 
@@ -150,8 +159,8 @@ def test_dependency_layers_come_before_the_source(runtime):
     deps = _index(
         steps,
         "RUN",
-        lambda a: "pip install ." in a and "-e" not in a.split(),
-        "installs setup.py's dependencies",
+        lambda a: 'pip install ".[gpu,test]"' in a and "-e" not in a.split(),
+        "installs setup.py's dependencies with the gpu and test extras",
     )
     source = _index(steps, "COPY", lambda a: a.split()[0] == ".", "copies the source tree")
     package = _index(
@@ -172,6 +181,21 @@ def test_smoke_step_imports_the_package(runtime):
     command = steps[smoke].args
     assert "import verl_replay, verl, vllm" in command
     assert "check_pins.py installed --from-env" in command
+    assert "R.get('nccl')" in command and "import cupy, fla" in command
+
+
+def test_kernels_are_built_after_the_framework_pins(runtime):
+    steps = runtime.instructions
+    frameworks = _index(steps, "RUN", lambda a: "verl[verl-core]==${VERL_VERSION}" in a, "installs the pinned verl")
+    kernels = _index(steps, "RUN", lambda a: "install_kernels.sh" in a, "runs docker/install_kernels.sh")
+    deps = _index(steps, "RUN", lambda a: 'pip install ".[gpu,test]"' in a, "installs the extras")
+    assert frameworks < kernels < deps  # the kernels compile against the final torch
+    for name in ("FLASH_ATTN_VERSION", "CAUSAL_CONV1D_VERSION", "MAX_JOBS"):
+        assert f"${{{name}}}" in steps[kernels].args
+    constraints = _index(steps, "RUN", lambda a: "constraints.txt" in a, "writes the constraints")
+    for pin in ("cupy-cuda13x==${CUPY_VERSION}", "flash-linear-attention==${FLA_VERSION}",
+                "causal-conv1d==${CAUSAL_CONV1D_VERSION}", "flash-attn==${FLASH_ATTN_VERSION}"):
+        assert pin in steps[constraints].args
 
 
 def test_runtime_settings(runtime):
@@ -323,6 +347,10 @@ def test_cli_passes_on_the_repository_files():
 
 def test_installed_check_compares_public_versions(args, setup_pins):
     good = {
+        "cupy-cuda13x": "14.0.1",
+        "flash-linear-attention": "0.5.2",
+        "fla-core": "0.5.2",
+        "causal-conv1d": "1.7.0",
         "torch": "2.11.0+cu130",
         "torchvision": "0.26.0+cu130",
         "torchaudio": "2.11.0+cu130",
@@ -342,6 +370,76 @@ def test_installed_check_compares_public_versions(args, setup_pins):
     without_flash = dict(args, FLASH_ATTN_VERSION="")
     findings = cp.check_installed(without_flash, setup_pins, dict(good, **{"flash-attn": None}).get, "3.12")
     assert not _failures(findings)
+
+    no_cupy = dict(good, **{"cupy-cuda13x": None, "fla-core": "0.5.1"})
+    failed = {f.what for f in cp.check_installed(args, setup_pins, no_cupy.get, "3.12") if not f.ok}
+    assert failed == {"cupy-cuda13x", "fla-core"}
+
+
+# ---- docker/install_kernels.sh -----------------------------------------------------------------
+
+
+def test_install_kernels_defaults_equal_setup_py(setup_pins):
+    defaults = cp.script_defaults(INSTALL_KERNELS.read_text(encoding="utf-8"))
+    assert defaults["FLASH_ATTN_VERSION"] == setup_pins.constant("FLASH_ATTN_VERSION")
+    assert defaults["CAUSAL_CONV1D_VERSION"] == setup_pins.constant("CAUSAL_CONV1D_VERSION")
+    findings = cp.check_install_kernels(INSTALL_KERNELS.read_text(encoding="utf-8"), setup_pins)
+    assert len(findings) == 2 and not _failures(findings)
+
+
+def test_check_pins_reports_an_install_kernels_mismatch(tmp_path, capsys):
+    script = tmp_path / "install_kernels.sh"
+    script.write_text(INSTALL_KERNELS.read_text(encoding="utf-8").replace(
+        ': "${CAUSAL_CONV1D_VERSION:=1.7.0}"', ': "${CAUSAL_CONV1D_VERSION:=1.6.1}"'))
+    assert cp.main(["--install-kernels", str(script), "--no-verl-metadata"]) == 1
+    assert "FAIL  install_kernels.sh CAUSAL_CONV1D_VERSION: 1.6.1 != setup.py CAUSAL_CONV1D_VERSION 1.7.0" in capsys.readouterr().out
+
+
+def _torch_cuda() -> str | None:
+    import torch
+
+    return torch.version.cuda
+
+
+def test_install_kernels_refuses_a_cpu_torch():
+    if _torch_cuda() is not None:
+        pytest.skip("this interpreter has a CUDA torch")
+    result = subprocess.run(
+        ["bash", str(INSTALL_KERNELS), "--dry-run"], capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHON=sys.executable),
+    )
+    assert result.returncode == 1
+    assert "is a CPU build" in result.stderr and 'pip install -e ".[gpu]"' in result.stderr
+
+
+def _real_nvcc() -> Path | None:
+    for candidate in (os.environ.get("CUDA_HOME", "") + "/bin/nvcc", "/usr/local/cuda/bin/nvcc", shutil.which("nvcc") or ""):
+        if candidate and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    return None
+
+
+def test_install_kernels_dry_run_builds_the_pins_against_cuda_torch():
+    if _torch_cuda() is None:
+        pytest.skip("needs the GPU stack's CUDA torch (pip install -e '.[gpu]')")
+    nvcc = _real_nvcc()
+    if nvcc is None:
+        pytest.skip("no CUDA toolkit (nvcc) on this machine")
+    result = subprocess.run(
+        ["bash", str(INSTALL_KERNELS), "--dry-run"], capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHON=sys.executable, CUDA_HOME=str(nvcc.parent.parent)),
+    )
+    assert result.returncode == 0, result.stderr
+    for package, version in (("flash-attn", "2.8.3"), ("causal-conv1d", "1.7.0")):
+        if f"{package} {version}: already installed" in result.stderr:
+            continue
+        assert f"--no-build-isolation --no-deps {package}=={version}" in result.stderr
+        assert f"CUDA_HOME={nvcc.parent.parent}" in result.stderr
+
+
+def test_install_kernels_rejects_unknown_arguments():
+    result = subprocess.run(["bash", str(INSTALL_KERNELS), "--fast"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "unknown argument '--fast'" in result.stderr
 
 
 def test_installed_from_env_takes_build_args(monkeypatch, capsys):

@@ -35,6 +35,23 @@ def test_cli_smoke_on_tiny_sql(tiny_assets, tmp_path: Path) -> None:
     assert doc["benchmarks"]["tiny_sql"]["num_questions"] == 2
     assert len((out / "samples.jsonl").read_text().splitlines()) == 2 * 2
     assert (out / "pass_at_k.png").read_bytes()[:4] == b"\x89PNG"
+    assert "eval: 2/2 questions, 4 samples done" in proc.stderr  # the per-chunk progress line
+
+    # the same command again resumes the finished run: nothing is sampled, the outputs are rewritten
+    samples = (out / "samples.jsonl").read_bytes()
+    again = _run(
+        "--data", str(tiny_assets.sql_val), "--model", str(tiny_assets.sql_model_dir), "--out", str(out),
+        "--limit", "2", "--n", "2", "--k", "1,2", "--max-new-tokens", "40", "--verify-workers", "1",
+        cwd=tmp_path,
+    )
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "2 of 2 questions already done" in again.stderr and (out / "samples.jsonl").read_bytes() == samples
+    assert json.loads((out / "results.json").read_text())["resume"] == {"sessions": 2, "resumed_questions": 2}
+    other = _run(
+        "--data", str(tiny_assets.sql_val), "--model", str(tiny_assets.sql_model_dir), "--out", str(out),
+        "--limit", "2", "--n", "3", "--k", "1", "--max-new-tokens", "40", cwd=tmp_path,
+    )
+    assert other.returncode == 2 and "n: 2 -> 3" in other.stderr and "--overwrite" in other.stderr
 
 
 def test_cli_reports_missing_data_file_without_traceback(tmp_path: Path) -> None:

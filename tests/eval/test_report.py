@@ -115,7 +115,8 @@ def test_write_outputs_from_aggregated_verdicts(tmp_path: Path) -> None:
         "pass_at_k.png", "results.json", "samples.jsonl", "table.md"
     ]
     doc = json.loads(files["results"].read_text())
-    assert doc["schema_version"] == 1 and doc["ks"] == [1, 2] and doc["k_skipped"] == [4]
+    assert doc["schema_version"] == 2 and doc["ks"] == [1, 2] and doc["k_skipped"] == [4]
+    assert doc["skipped"]["over_long"] == {"count": 0, "max_prompt_tokens": None, "by_benchmark": {}, "questions": []}
     assert doc["config"]["n"] == 2 and doc["config"]["data"] == ["x.parquet"]
     sqlb = doc["benchmarks"]["sqlb"]
     assert sqlb["metrics"] == {"pass@1": 0.75, "pass@2": 1.0, "mean@n": 0.75, "best@n": 1.0, "distinct_strategies": 1.5}

@@ -17,6 +17,7 @@ from verl_replay.eval import metrics
 from verl_replay.eval.run import (
     EvalConfig,
     ambiqt_coverage_at_k,
+    chunk_seed,
     evaluate,
     load_questions,
 )
@@ -151,7 +152,7 @@ def test_hand_computed_metrics_strategies_and_averages(tmp_path: Path, db: Path)
     config = EvalConfig(data=(str(sql_path), str(math_path)), out=str(out), n=4, k=(1, 2, 4, 8), verify_workers=2)
     result = evaluate(config, backend=backend)
 
-    assert backend.calls == [{"prompts": 5, "n": 4, "temperature": 1.0, "seed": 0}]
+    assert backend.calls == [{"prompts": 5, "n": 4, "temperature": 1.0, "seed": chunk_seed(0, 0)}]
     assert list(result.benchmarks) == ["sqlbench", "math_synth"]
     sql, math_b = result.benchmarks["sqlbench"], result.benchmarks["math_synth"]
     assert (sql.task, sql.num_questions, sql.n, math_b.task, math_b.num_questions) == ("sql", 3, 4, "math", 2)
@@ -376,10 +377,10 @@ def test_tiny_models_end_to_end(task: str, tiny_assets, tmp_path: Path, one_thre
     recomputed = _recompute_from_samples(out / "samples.jsonl", (1, 2, 4))
     assert recomputed[bench] == pytest.approx({k: v for k, v in values.items() if k in recomputed[bench]})
     assert doc["averages"]["macro"]["pass@2"] == pytest.approx(values["pass@2"])
-    # sample texts are exactly what the backend produces for this seed
+    # sample texts are exactly what the backend produces for this seed (one chunk: chunk_seed(2, 0))
     questions = load_questions(config.data, limit=4)
     direct = backend.generate([q.prompt for q in questions], n=4, temperature=1.0, top_p=1.0,
-                              max_new_tokens=config.max_new_tokens, seed=2)
+                              max_new_tokens=config.max_new_tokens, seed=chunk_seed(2, 0))
     assert [s["text"] for s in result.samples] == [g.text for row in direct for g in row]
     # every verdict from the pool equals the reward function's acc computed here
     by_row = {q.row: q for q in questions}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -61,12 +62,21 @@ def flag(command: list[str], name: str) -> str:
     return command[command.index(name) + 1]
 
 
-def run_recipe(script: str, env: dict[str, str], *args: str, timeout: int = 120) -> RecipeRun:
-    full_env = {key: value for key, value in os.environ.items() if key not in ("VERL_FILE_LOGGER_PATH", "TINY", "DRY_RUN")}
+def run_recipe(script: str, env: dict[str, str], *args: str, timeout: int = 180) -> RecipeRun:
+    full_env = {key: value for key, value in os.environ.items()
+                if key not in ("VERL_FILE_LOGGER_PATH", "TINY", "DRY_RUN", "RAY_ADDRESS", "PREFLIGHT")}
     full_env.update(env)
-    result = subprocess.run(["bash", str(RECIPES / script), *args], cwd=REPO, env=full_env, capture_output=True,
-                            text=True, timeout=timeout)
-    return RecipeRun(script, result.returncode, result.stdout, result.stderr)
+    # its own session: on a timeout the whole process group goes, not just bash (its Python children
+    # would otherwise keep running on the shared machine)
+    proc = subprocess.Popen(["bash", str(RECIPES / script), *args], cwd=REPO, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return RecipeRun(script, proc.returncode, stdout, stderr)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +103,11 @@ DRY_CASES = {
     # also the multi-node layout: 2 nodes x 8 GPUs, 4 training + 4 rollout GPUs on each
     "grpo_sql_2nodes": ("baselines/grpo_sql.sh", {"NNODES": "2", "GPUS_PER_NODE": "8", "TRAIN_GPUS": "4",
                                                   "ROLLOUT_GPUS": "4"}, ()),
+    # flash attention asked for explicitly (the GPU image), optimizer offload
+    "hd_flash": ("headroom_drift_math.sh", {"ATTN_IMPL": "flash_attention_2", "ACTOR_OFFLOAD": "True"}, ()),
+    # the per-GPU memory budget of both recipes' defaults (recipes/README.md shows these tables)
+    "elite_table": ("elite_replay_qwen4b.sh", {"PREFLIGHT": "table", "ATTN_IMPL": "flash_attention_2"}, ()),
+    "hd_table": ("headroom_drift_math.sh", {"PREFLIGHT": "table", "ATTN_IMPL": "flash_attention_2"}, ()),
 }
 
 
@@ -397,3 +412,69 @@ def test_tiny_elite_recipe_runs_every_stage(tmp_path) -> None:
     hf_model = run_dir / "checkpoints" / "global_step_3" / "actor" / "huggingface"
     assert (hf_model / "config.json").is_file()
     _check_eval(run_dir / "eval", "tiny_sql")
+
+
+# ============================================================================ the GPU stack
+
+
+def test_attention_follows_what_is_installed(dry) -> None:
+    auto = dry["hd"].config["actor_rollout_ref"]["model"]
+    try:
+        import flash_attn  # noqa: F401
+
+        expected = ("flash_attention_2", True)
+    except ImportError:
+        expected = ("sdpa", False)  # verl packs sequences for flash attention only
+    assert (auto["override_config"]["attn_implementation"], auto["use_remove_padding"]) == expected
+    flash = dry["hd_flash"].config["actor_rollout_ref"]
+    assert flash["model"]["override_config"]["attn_implementation"] == "flash_attention_2"
+    assert flash["model"]["use_remove_padding"] is True
+    # ACTOR_OFFLOAD offloads the optimizer only: separate_async's pi_old snapshot needs GPU parameters
+    assert flash["actor"]["fsdp_config"]["optimizer_offload"] is True
+    assert flash["actor"]["fsdp_config"]["param_offload"] is False
+
+
+def test_gpu_profile_memory_settings_reach_the_recipes(dry) -> None:
+    arr = dry["elite"].config["actor_rollout_ref"]
+    assert arr["actor"]["entropy_from_logits_with_chunking"] is True
+    assert arr["actor"]["fsdp_config"]["entropy_checkpointing"] is True
+    assert arr["model"]["enable_gradient_checkpointing"] is True
+    assert arr["rollout"]["enable_prefix_caching"] is False
+
+
+def _readme_table(name: str) -> str:
+    text = (RECIPES / "README.md").read_text(encoding="utf-8")
+    start, end = f"<!-- memory-table:{name}:start -->", f"<!-- memory-table:{name}:end -->"
+    assert start in text and end in text, f"recipes/README.md has no {start} block"
+    return text.split(start, 1)[1].split(end, 1)[0].strip()
+
+
+@pytest.mark.parametrize(("case", "block"), [("elite_table", "elite"), ("hd_table", "math")])
+def test_readme_memory_tables_are_the_recipes_budgets(dry, case, block) -> None:
+    """recipes/README.md shows what `DRY_RUN=1 PREFLIGHT=table bash recipes/...` prints, verbatim."""
+    printed = dry[case].stdout.strip()
+    assert printed.startswith("Model shape from the Qwen3.5-4B shape")
+    assert DRY_RUN_OK not in dry[case].stdout  # PREFLIGHT=table stops before the training command
+    assert _readme_table(block) == printed
+
+
+def test_recipes_refuse_parameter_offload_with_several_rounds(inputs) -> None:
+    run = run_recipe("headroom_drift_math.sh", {**inputs, "DRY_RUN": "1", "ACTOR_PARAM_OFFLOAD": "True"})
+    assert run.returncode == 2 and "save_model_to_cpu" in run.stderr and "ACTOR_OFFLOAD=True" in run.stderr
+    run = run_recipe("headroom_drift_math.sh", {**inputs, "DRY_RUN": "1", "ATTN_IMPL": "xformers"})
+    assert run.returncode == 2 and "ATTN_IMPL must be one of" in run.stderr
+
+
+def test_preflight_runs_before_the_first_stage(inputs, tmp_path) -> None:
+    """Without DRY_RUN the recipe checks the stack before any stage; this CPU venv fails it."""
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip("this interpreter has the GPU stack")
+    run = run_recipe("headroom_drift_math.sh", {**inputs, "OUTPUT_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "[preflight] FAIL  torch" in run.stdout and "preflight failed" in run.stderr
+    assert "] train:" not in run.stderr  # the training command never started
+    skipped = run_recipe("headroom_drift_math.sh", {**inputs, "DRY_RUN": "1", "PREFLIGHT": "0", "STAGES": "eval",
+                                                     "EVAL_MODEL": inputs["MODEL_PATH"]})
+    assert skipped.returncode == 0 and "[preflight]" not in skipped.stdout

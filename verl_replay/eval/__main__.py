@@ -6,7 +6,11 @@ Example (tiny CPU run)::
         --n 4 --k 1,2,4 --max-new-tokens 48 --limit 3
 
 Writes ``results.json``, ``samples.jsonl``, ``table.md`` and ``pass_at_k.png`` into ``--out``
-and prints the table. Exit status 2 for a usage / data error (message on stderr).
+and prints the table. ``samples.jsonl`` grows chunk by chunk while the run goes (with
+``eval_state.json`` saying what is committed): the same command, rerun after an interruption,
+resumes after the last committed chunk; other settings with the same ``--out`` are refused
+unless ``--overwrite``. Prompts longer than ``--max-model-len - 1`` tokens are skipped and
+counted in ``results.json``. Exit status 2 for a usage / data error (message on stderr).
 """
 
 from __future__ import annotations
@@ -55,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark-key", default="auto",
                    help="group rows by: auto (math: extra_info.benchmark, else data_source), "
                    "data_source, or extra_info.<field>")
+    p.add_argument("--chunk-questions", type=int, default=256,
+                   help="questions per generate call and per committed chunk of samples.jsonl (default: 256)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in --out instead of resuming the evaluation found there")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (the per-chunk log lines stay)")
     p.add_argument("--quiet", action="store_true", help="log warnings only")
     return p
 
@@ -90,8 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             verify_workers=args.verify_workers,
             verify_timeout_s=args.verify_timeout_s,
             benchmark_key=args.benchmark_key,
+            chunk_questions=args.chunk_questions,
         )
-        result = evaluate(config)
+        result = evaluate(config, overwrite=args.overwrite, progress=not (args.no_progress or args.quiet))
     except (FileNotFoundError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -6,10 +6,10 @@ a reader never sees a half-written result and an interrupted run leaves the prev
 The table and the plot are rendered from the ``results.json`` *document* (a plain dict), so
 they can be re-made from a stored file: ``format_table(json.load(f))``.
 
-``results.json`` (``schema_version`` 1)::
+``results.json`` (``schema_version`` 2; 2 added ``skipped`` and ``resume``)::
 
     {
-      "schema_version": 1,
+      "schema_version": 2,
       "config": {EvalConfig fields},
       "ks": [k ...],                # pass@k values reported (requested and <= n)
       "k_skipped": [k ...],         # requested but > n
@@ -31,14 +31,19 @@ they can be re-made from a stored file: ``format_table(json.load(f))``.
                      "distinct_strategies", "skeletons" (SQL),
                      "interpretation_hits": [h1, h2], "covered",
                      "ambiqt_coverage_at_k": {"<k>": c} (AmbiQT)}],
-      "timings": {"load_s", "model_load_s", "generate_s", "verify_s", "generated_tokens",
-                  "tokens_per_s", "total_s"},
+      "skipped": {"over_long": {"count", "max_prompt_tokens", "by_benchmark": {name: count},
+                                "questions": [{"row", "benchmark", "question_id", "prompt_tokens"}]}},
+      "resume": {"sessions", "resumed_questions"},  # runs that wrote this folder, questions reused
+      "timings": {"load_s", "model_load_s", "generate_s", "verify_wait_s", "aggregate_s",
+                  "generated_tokens", "tokens_per_s", "total_s"},  # this session's
       "environment": {"verl_replay", "python", "platform"}
     }
 
 ``samples.jsonl``: one object per sample: ``row, benchmark, question_id, sample, text,
 correct, reason, num_tokens, finish_reason`` (+ ``skeleton`` for SQL, ``interpretation_hits``
-for AmbiQT, ``detail`` when verification failed in the pool).
+for AmbiQT, ``detail`` when verification failed in the pool). During an evaluation it grows one
+committed chunk at a time (``verl_replay.eval.store``); the other files are written at the end.
+Benchmark metrics cover the evaluated questions: skipped (over-long) prompts are not in them.
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ __all__ = [
     "write_outputs",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RESULTS_JSON = "results.json"
 SAMPLES_JSONL = "samples.jsonl"
 TABLE_MD = "table.md"
@@ -142,12 +147,26 @@ def results_document(result: EvalResultLike) -> dict[str, Any]:
         "benchmarks": {name: b.to_dict() for name, b in result.benchmarks.items()},
         "averages": result.averages,
         "questions": result.questions,
+        "skipped": {"over_long": _over_long(result.skipped, result.max_prompt_tokens)},
+        "resume": dict(result.resume),
         "timings": result.timings,
         "environment": {
             "verl_replay": _version(),
             "python": sys.version.split()[0],
             "platform": platform.platform(),
         },
+    }
+
+
+def _over_long(skipped: Sequence[Mapping[str, Any]], limit: int | None) -> dict[str, Any]:
+    by_benchmark: dict[str, int] = {}
+    for item in skipped:
+        by_benchmark[str(item["benchmark"])] = by_benchmark.get(str(item["benchmark"]), 0) + 1
+    return {
+        "count": len(skipped),
+        "max_prompt_tokens": limit,
+        "by_benchmark": by_benchmark,
+        "questions": [dict(item) for item in skipped],
     }
 
 
@@ -210,6 +229,13 @@ def format_table(doc: Mapping[str, Any]) -> str:
         notes.append("strategies: mean number of distinct correct SQL skeletons per question.")
     if doc.get("k_skipped"):
         notes.append(f"pass@k not reported for k={list(doc['k_skipped'])} > n.")
+    over_long = doc.get("skipped", {}).get("over_long", {})
+    if over_long.get("count"):
+        per = ", ".join(f"{name}: {count}" for name, count in over_long["by_benchmark"].items())
+        notes.append(
+            f"{over_long['count']} question(s) skipped, prompt longer than {over_long['max_prompt_tokens']} "
+            f"tokens ({per}); not in the metrics above."
+        )
     return "\n".join([line(header), rule, *(line(r) for r in rows), *notes]) + "\n"
 
 
@@ -261,10 +287,12 @@ def write_outputs(result: EvalResultLike, out_dir: str | os.PathLike[str]) -> di
     files = {
         "results": atomic_write_text(out / RESULTS_JSON, json.dumps(doc, indent=2, allow_nan=False) + "\n"),
     }
-    with atomic_writer(out / SAMPLES_JSONL) as handle:
-        for record in result.samples:
-            handle.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
-    files["samples"] = out / SAMPLES_JSONL
+    streamed = getattr(result.samples, "path", None)
+    if streamed is None or Path(streamed).resolve() != (out / SAMPLES_JSONL).resolve():
+        with atomic_writer(out / SAMPLES_JSONL) as handle:
+            for record in result.samples:
+                handle.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+    files["samples"] = out / SAMPLES_JSONL  # evaluate() streams it there chunk by chunk
     files["table"] = atomic_write_text(out / TABLE_MD, format_table(doc))
     files["plot"] = plot_pass_at_k(doc, out / PASS_AT_K_PNG)
     return files

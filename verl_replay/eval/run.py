@@ -4,8 +4,10 @@ Pipeline of :func:`evaluate`:
 
 1. :func:`load_questions` reads verl RL parquet files (``data_source``, ``prompt``,
    ``reward_model.ground_truth``, ``extra_info``) and groups rows into benchmarks;
-2. one ``backend.generate`` call samples ``n`` completions for every prompt (vLLM schedules the
-   whole set best when it sees it at once; the HF backend chunks internally);
+2. prompts that leave no room for one generated token (longer than ``max_model_len - 1`` tokens)
+   are skipped and counted, never fatal (vLLM rejects a whole ``generate`` call for one of them);
+   the rest are sampled in chunks of ``chunk_questions`` questions, ``n`` completions each, chunk
+   ``i`` under the seed ``chunk_seed(seed, i)``;
 3. :func:`verify_generations` checks every sample with the verl reward function
    (:func:`verl_replay.rewards.compute_score`, its ``acc`` bit: correctness, never the shaped
    score) inside a :class:`~verl_replay.verifiers.pool.VerifierPool`, so a sample whose
@@ -16,20 +18,28 @@ Pipeline of :func:`evaluate`:
 4. :func:`aggregate` computes per-benchmark pass@k, Mean@n, Best@n, distinct correct SQL
    strategies (canonical AST skeletons of correct samples) and AmbiQT coverage, then macro and
    question-weighted averages over benchmarks;
-5. :mod:`verl_replay.eval.report` writes ``results.json``, ``samples.jsonl``, ``table.md`` and
-   ``pass_at_k.png``.
+5. :mod:`verl_replay.eval.report` writes ``results.json``, ``table.md`` and ``pass_at_k.png``.
+
+Steps 2-3 are pipelined: while the backend samples chunk ``i + 1``, the verifier processes check
+chunk ``i``; each verified chunk is appended to ``samples.jsonl`` at once and committed in
+``eval_state.json`` (:mod:`verl_replay.eval.store`), so results stream to disk as they complete
+and a rerun with the same settings resumes after the last committed chunk. A progress bar (on a
+terminal) and one log line per chunk show questions and samples done with their rate.
 
 This module imports neither torch nor transformers; the generation backend is built lazily.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import os
+import tempfile
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from verl_replay.eval import metrics
+from verl_replay.generation.base import derive_seed
 
 __all__ = [
     "BenchmarkResult",
@@ -46,9 +57,12 @@ __all__ = [
     "POOL_FAILURE_REASONS",
     "Question",
     "SampleVerdict",
+    "SampleFile",
     "aggregate",
     "ambiqt_coverage_at_k",
+    "chunk_seed",
     "evaluate",
+    "find_over_long",
     "is_ambiqt_source",
     "load_questions",
     "verify_generations",
@@ -93,6 +107,9 @@ class EvalConfig:
     ``data_source``, or ``extra_info.<field>``. ``verify_timeout_s``: deadline of each SQL query
     / math comparison inside the verifier; ``verify_hard_timeout_s``: the pool's kill deadline
     per verification task (default: derived from ``verify_timeout_s`` and the number of golds).
+    ``max_model_len``: context of the model (vLLM: the engine's; default: the model's own);
+    prompts of ``max_model_len`` tokens or more are skipped and counted. ``chunk_questions``:
+    questions per ``generate`` call and per committed chunk of ``samples.jsonl``.
     """
 
     data: tuple[str, ...]
@@ -114,6 +131,7 @@ class EvalConfig:
     verify_timeout_s: float = 5.0
     verify_hard_timeout_s: float | None = None
     benchmark_key: str = "auto"
+    chunk_questions: int = 256
 
     def __post_init__(self) -> None:
         data = (self.data,) if isinstance(self.data, (str, os.PathLike)) else tuple(self.data)
@@ -128,7 +146,7 @@ class EvalConfig:
         if str(self.backend).lower() not in BACKEND_CHOICES:
             raise ValueError(f"backend must be one of {BACKEND_CHOICES}, got {self.backend!r}")
         object.__setattr__(self, "backend", str(self.backend).lower())
-        for name in ("n", "max_new_tokens", "tensor_parallel_size", "hf_batch_size", "verify_workers"):
+        for name in ("n", "max_new_tokens", "tensor_parallel_size", "hf_batch_size", "verify_workers", "chunk_questions"):
             _positive_int(getattr(self, name), name)
         _positive_int(self.limit, "limit", allow_none=True)
         _positive_int(self.max_model_len, "max_model_len", allow_none=True)
@@ -420,40 +438,43 @@ def _combine_reasons(reasons: Sequence[str]) -> str:
     return reasons[-1]
 
 
-def verify_generations(
-    questions: Sequence[Question],
-    texts: Sequence[Sequence[str]],
-    *,
-    workers: int = 2,
-    timeout_s: float = 5.0,
-    hard_timeout_s: float | None = None,
-) -> list[list[SampleVerdict]]:
-    """Verify ``texts[q][j]`` (sample j of question q) in a VerifierPool; same shape out.
+class _Verifier:
+    """One VerifierPool for a whole evaluation: chunks are submitted as they are generated and
+    collected later, so verification of chunk i overlaps generation of chunk i + 1."""
 
-    Identical texts of the same question are verified once. AmbiQT questions get one task per
-    interpretation. ``hard_timeout_s`` is the pool's kill deadline per task (default: enough for
-    every gold query and the prediction at ``timeout_s`` each, plus a grace).
-    """
-    from verl_replay.verifiers.pool import VerifierPool
+    def __init__(
+        self,
+        questions: Sequence[Question],
+        *,
+        workers: int,
+        timeout_s: float,
+        hard_timeout_s: float | None,
+    ) -> None:
+        from verl_replay.verifiers.pool import VerifierPool
 
-    if len(texts) != len(questions):
-        raise ValueError(f"{len(texts)} sample lists for {len(questions)} questions")
-    has_math = any(q.task == "math" for q in questions)
-    preload = ["verl_replay.rewards", "verl_replay.verifiers.sql", "verl_replay.verifiers.extract"]
-    if any(q.task == "sql" for q in questions):
-        preload.append("verl_replay.sql.skeleton")
-    if has_math:
-        preload.append("verl_replay.verifiers.math")
-    pool = VerifierPool(
-        num_workers=workers,
-        task_timeout_s=hard_timeout_s or timeout_s * 3 + _HARD_DEADLINE_GRACE_S,  # each submit sets its own
-        max_tasks_per_child=1000,
-        preload=tuple(preload),
-        memory_limit_mb=4096,
-        initializer=_warm_math_worker if has_math else None,
-        on_failure=_failure,
-    )
-    try:
+        has_math = any(q.task == "math" for q in questions)
+        preload = ["verl_replay.rewards", "verl_replay.verifiers.sql", "verl_replay.verifiers.extract"]
+        if any(q.task == "sql" for q in questions):
+            preload.append("verl_replay.sql.skeleton")
+        if has_math:
+            preload.append("verl_replay.verifiers.math")
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self.hard_timeout_s = hard_timeout_s
+        self.pool = VerifierPool(
+            num_workers=workers,
+            task_timeout_s=hard_timeout_s or timeout_s * 3 + _HARD_DEADLINE_GRACE_S,  # each submit sets its own
+            max_tasks_per_child=1000,
+            preload=tuple(preload),
+            memory_limit_mb=4096,
+            initializer=_warm_math_worker if has_math else None,
+            on_failure=_failure,
+        )
+
+    def submit(self, questions: Sequence[Question], texts: Sequence[Sequence[str]]) -> dict[tuple[int, int, str], Future]:
+        """Queue every distinct (question, gold, text) of a chunk; returns the futures by key."""
+        if len(texts) != len(questions):
+            raise ValueError(f"{len(texts)} sample lists for {len(questions)} questions")
         futures: dict[tuple[int, int, str], Future] = {}
         for qi, (question, samples) in enumerate(zip(questions, texts)):
             golds = question.interpretations or (None,)
@@ -463,29 +484,32 @@ def verify_generations(
                 else:  # one interpretation only: the other must not count here
                     ground_truth = gold
                     info = {k: v for k, v in question.extra_info.items() if k != "gold_sqls"}
-                deadline = hard_timeout_s or _hard_deadline(ground_truth, info, timeout_s)
+                deadline = self.hard_timeout_s or _hard_deadline(ground_truth, info, self.timeout_s)
                 for text in samples:
                     key = (qi, gi, text)
                     if key not in futures:
-                        futures[key] = pool.submit(
+                        futures[key] = self.pool.submit(
                             verify_one,
                             question.data_source,
                             text,
                             ground_truth,
                             info,
-                            timeout_s,
+                            self.timeout_s,
                             question.task == "sql",
                             timeout_s=deadline,
                         )
-        logger.info("verifying %d distinct (sample, gold) pairs with %d workers", len(futures), workers)
-        started, step = time.monotonic(), max(1, len(futures) // 10)
-        for done, future in enumerate(futures.values(), 1):  # the pool runs tasks in FIFO order
+        return futures
+
+    @staticmethod
+    def collect(
+        questions: Sequence[Question], texts: Sequence[Sequence[str]], futures: Mapping[tuple[int, int, str], Future]
+    ) -> list[list[SampleVerdict]]:
+        """Wait for a chunk's futures; verdicts in the shape of ``texts``."""
+        for future in futures.values():  # the pool runs tasks in FIFO order
             outcome = future.result()
             if outcome["reason"] in _POOL_BROKEN_REASONS:
                 # not one sample's fault: no verifier could run, every score would be a fake 0
                 raise RuntimeError(f"verifier pool failed ({outcome['reason']}): {outcome['detail']}")
-            if done % step == 0:
-                logger.info("verified %d/%d in %.1fs", done, len(futures), time.monotonic() - started)
         verdicts: list[list[SampleVerdict]] = []
         for qi, (question, samples) in enumerate(zip(questions, texts)):
             row = []
@@ -504,8 +528,34 @@ def verify_generations(
                 )
             verdicts.append(row)
         return verdicts
+
+    def close(self) -> None:
+        self.pool.close(wait=False)
+
+
+def verify_generations(
+    questions: Sequence[Question],
+    texts: Sequence[Sequence[str]],
+    *,
+    workers: int = 2,
+    timeout_s: float = 5.0,
+    hard_timeout_s: float | None = None,
+) -> list[list[SampleVerdict]]:
+    """Verify ``texts[q][j]`` (sample j of question q) in a VerifierPool; same shape out.
+
+    Identical texts of the same question are verified once. AmbiQT questions get one task per
+    interpretation. ``hard_timeout_s`` is the pool's kill deadline per task (default: enough for
+    every gold query and the prediction at ``timeout_s`` each, plus a grace).
+    """
+    if len(texts) != len(questions):
+        raise ValueError(f"{len(texts)} sample lists for {len(questions)} questions")
+    verifier = _Verifier(questions, workers=workers, timeout_s=timeout_s, hard_timeout_s=hard_timeout_s)
+    try:
+        futures = verifier.submit(questions, texts)
+        logger.info("verifying %d distinct (sample, gold) pairs with %d workers", len(futures), workers)
+        return verifier.collect(questions, texts, futures)
     finally:
-        pool.close(wait=False)
+        verifier.close()
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -652,17 +702,53 @@ def aggregate(
 # --------------------------------------------------------------------------- evaluate
 
 
+class SampleFile(Sequence):
+    """The sample records of a finished evaluation, read from ``samples.jsonl`` when first used
+    (an evaluation at scale holds ~10^5-10^6 completions: they are not kept in memory)."""
+
+    def __init__(self, path: str | os.PathLike[str], count: int) -> None:
+        self.path = Path(path)
+        self._count = int(count)
+        self._cache: list[dict[str, Any]] | None = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._cache is not None:
+            yield from self._cache
+            return
+        with open(self.path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle):
+                if number >= self._count:
+                    break
+                yield json.loads(line)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if self._cache is None:
+            self._cache = list(iter(self))
+        return self._cache[index]
+
+
 @dataclass
 class EvalResult:
-    """Outcome of :func:`evaluate`; ``files`` lists what was written under ``config.out``."""
+    """Outcome of :func:`evaluate`; ``files`` lists what was written under ``config.out``.
+
+    ``samples``: one record per sample (a :class:`SampleFile` reading ``samples.jsonl`` lazily
+    when the run wrote one). ``skipped``: the questions left out because their prompt does not
+    fit the model's context (``row``, ``benchmark``, ``question_id``, ``prompt_tokens``).
+    """
 
     config: EvalConfig
     benchmarks: dict[str, BenchmarkResult]
     averages: dict[str, Any]
     questions: list[dict[str, Any]]
-    samples: list[dict[str, Any]]
+    samples: Sequence[dict[str, Any]]
     timings: dict[str, float]
     files: dict[str, Path] = field(default_factory=dict)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    max_prompt_tokens: int | None = None
+    resume: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The ``results.json`` document (see ``verl_replay.eval.report``)."""
@@ -692,14 +778,19 @@ def _make_backend(config: EvalConfig) -> Any:
     return make_backend(config.backend, model_path=model, batch_size=config.hf_batch_size)
 
 
-def _generate(backend: Any, questions: Sequence[Question], config: EvalConfig) -> list[list[Any]]:
+def chunk_seed(seed: int, chunk_index: int) -> int:
+    """The sampling seed of chunk ``chunk_index`` (chunks are fixed by ``chunk_questions``)."""
+    return derive_seed(seed, chunk_index)
+
+
+def _generate(backend: Any, questions: Sequence[Question], config: EvalConfig, seed: int) -> list[list[Any]]:
     outputs = backend.generate(
         [q.prompt for q in questions],
         n=config.n,
         temperature=config.temperature,
         top_p=config.top_p,
         max_new_tokens=config.max_new_tokens,
-        seed=config.seed,
+        seed=seed,
     )
     if len(outputs) != len(questions):
         raise RuntimeError(f"the backend returned {len(outputs)} sample lists for {len(questions)} prompts")
@@ -709,61 +800,259 @@ def _generate(backend: Any, questions: Sequence[Question], config: EvalConfig) -
     return [list(s) for s in outputs]
 
 
-def evaluate(config: EvalConfig, backend: Any = None) -> EvalResult:
-    """Sample, verify and aggregate; write the outputs to ``config.out`` when it is set.
+def max_prompt_tokens(config: EvalConfig, backend: Any) -> int | None:
+    """Longest prompt that still leaves room for one generated token (None: no known limit)."""
+    limit = config.max_model_len or getattr(backend, "max_model_len", None)
+    return None if limit is None else int(limit) - 1
+
+
+def find_over_long(
+    questions: Sequence[Question], backend: Any, limit: int | None, *, batch: int = 256
+) -> list[dict[str, Any]]:
+    """Questions whose encoded prompt exceeds ``limit`` tokens (tokenized as the backend does)."""
+    if limit is None:
+        return []
+    skipped = []
+    for start in range(0, len(questions), batch):
+        part = questions[start : start + batch]
+        for question, ids in zip(part, backend.encode([q.prompt for q in part])):
+            if len(ids) > limit:
+                skipped.append(
+                    {
+                        "row": question.row,
+                        "benchmark": question.benchmark,
+                        "question_id": question.question_id,
+                        "prompt_tokens": len(ids),
+                    }
+                )
+    return skipped
+
+
+def _file_digest(path: str) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# Settings that decide which samples a question gets and how they are verified: a resumed run
+# must match them. Left out on purpose: out, k (re-aggregation only), verify_workers,
+# gpu_memory_utilization and tensor_parallel_size (how fast, not what).
+_FINGERPRINT_KEYS = (
+    "backend", "model", "n", "temperature", "top_p", "max_new_tokens", "seed", "limit", "max_model_len",
+    "hf_batch_size", "verify_timeout_s", "verify_hard_timeout_s", "benchmark_key", "chunk_questions",
+)
+
+
+def run_fingerprint(config: EvalConfig, questions: Sequence[Question]) -> dict[str, Any]:
+    fingerprint: dict[str, Any] = {key: getattr(config, key) for key in _FINGERPRINT_KEYS}
+    fingerprint["data"] = [{"path": os.path.abspath(p), "blake2b": _file_digest(p)} for p in config.data]
+    ids = json.dumps([[q.row, q.benchmark, q.question_id] for q in questions]).encode("utf-8")
+    fingerprint["questions"] = {"count": len(questions), "blake2b": hashlib.blake2b(ids, digest_size=16).hexdigest()}
+    return fingerprint
+
+
+class _Progress:
+    """Questions and samples done, with their rate: a tqdm bar on a terminal, a log line per chunk."""
+
+    def __init__(self, total: int, done: int, n: int, enabled: bool) -> None:
+        self.total, self.done, self.n = total, done, n
+        self.session_questions = 0
+        self.session_tokens = 0
+        self.started = time.monotonic()
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=done, unit="q", desc="eval", dynamic_ncols=True, disable=None)
+
+    def advance(self, questions: int, tokens: int) -> None:
+        self.done += questions
+        self.session_questions += questions
+        self.session_tokens += tokens
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        samples = self.session_questions * self.n
+        line = (
+            f"{self.done}/{self.total} questions, {self.done * self.n} samples done "
+            f"({self.session_questions / elapsed:.2f} q/s, {samples / elapsed:.1f} samples/s, "
+            f"{self.session_tokens / elapsed:.0f} tok/s)"
+        )
+        if self.bar is not None:
+            self.bar.update(questions)
+            self.bar.set_postfix_str(f"{self.done * self.n} samples, {samples / elapsed:.1f} samples/s")
+        logger.info("eval: %s", line)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _chunks(questions: Sequence[Question], size: int) -> list[list[Question]]:
+    return [list(questions[i : i + size]) for i in range(0, len(questions), size)]
+
+
+def _verdict_of(record: Mapping[str, Any]) -> SampleVerdict:
+    return SampleVerdict(
+        correct=bool(record["correct"]),
+        reason=str(record["reason"]),
+        skeleton=record.get("skeleton"),
+        interpretation_hits=tuple(bool(h) for h in record.get("interpretation_hits", ())),
+        detail=str(record.get("detail", "")),
+    )
+
+
+def _read_verdicts(store: Any, n: int) -> tuple[dict[int, list[SampleVerdict]], int, int]:
+    """(verdicts by question row, #samples, #generated tokens) of the committed samples."""
+    by_row: dict[int, list[SampleVerdict]] = defaultdict(list)
+    count = tokens = 0
+    for record in store.iter_samples():
+        by_row[int(record["row"])].append(_verdict_of(record))
+        count += 1
+        tokens += int(record.get("num_tokens") or 0)
+    incomplete = [row for row, verdicts in by_row.items() if len(verdicts) != n]
+    if incomplete:
+        raise ValueError(f"{store.samples_path}: questions {incomplete[:5]} have a number of samples other than n={n}")
+    return by_row, count, tokens
+
+
+def evaluate(config: EvalConfig, backend: Any = None, *, overwrite: bool = False, progress: bool = True) -> EvalResult:
+    """Sample, verify and aggregate in committed chunks; resume what ``config.out`` already holds.
 
     ``backend``: any object with the :class:`~verl_replay.generation.GenerationBackend`
-    ``generate`` method; by default one is built from ``config`` (``hf`` / ``vllm``).
+    ``generate`` (and, to skip over-long prompts, ``encode``) methods; by default one is built
+    from ``config`` (``hf`` / ``vllm``), and only when there is something left to sample.
+    ``overwrite``: discard an earlier evaluation in ``config.out`` instead of resuming it
+    (a different one is refused without it). ``progress``: show the progress bar on a terminal.
     """
+    from verl_replay.eval.store import EvalStore
+
     start = time.monotonic()
     questions = load_questions(config.data, benchmark_key=config.benchmark_key, limit=config.limit)
     sizes = Counter(q.benchmark for q in questions)
     logger.info("%d questions: %s", len(questions), dict(sizes))
     if config.ks_skipped:
         logger.warning("pass@k skipped for k=%s > n=%d", list(config.ks_skipped), config.n)
-    t_load = time.monotonic()
-    if backend is None:
-        backend = _make_backend(config)
-    t_model = time.monotonic()
-    generations = _generate(backend, questions, config)
-    t_gen = time.monotonic()
-    num_tokens = sum(int(getattr(g, "num_tokens", 0) or 0) for row in generations for g in row)
-    logger.info("sampled %d x %d responses in %.1fs", len(questions), config.n, t_gen - t_model)
-    texts = [[str(g.text) for g in row] for row in generations]
-    verdicts = verify_generations(
-        questions,
-        texts,
-        workers=config.verify_workers,
-        timeout_s=config.verify_timeout_s,
-        hard_timeout_s=config.verify_hard_timeout_s,
+    scratch = tempfile.TemporaryDirectory(prefix="verl_replay_eval_") if config.out is None else None
+    try:
+        out_dir = Path(config.out) if config.out is not None else Path(scratch.name)  # type: ignore[union-attr]
+        store = EvalStore.open(out_dir, run_fingerprint(config, questions), overwrite=overwrite or scratch is not None)
+        resumed = len(store.done_rows)
+        if resumed:
+            logger.info("resuming %s: %d of %d questions already done (session %d)", out_dir, resumed, len(questions), store.sessions)
+        t_load = time.monotonic()
+        timings = {"load_s": t_load - start, "model_load_s": 0.0, "generate_s": 0.0, "verify_wait_s": 0.0}
+        skipped_rows = {int(s["row"]) for s in store.skipped}
+        todo = [q for q in questions if q.row not in store.done_rows and q.row not in skipped_rows]
+        if todo:
+            if backend is None:
+                backend = _make_backend(config)
+            timings["model_load_s"] = time.monotonic() - t_load
+            limit = max_prompt_tokens(config, backend)
+            fresh = find_over_long([q for q in questions if q.row not in store.done_rows], backend, limit)
+            store.set_skipped(fresh, limit)
+            _log_skipped(fresh, limit)
+            _run_chunks(config, backend, questions, store, timings, progress)
+        skipped = list(store.skipped)
+        by_row, num_samples, num_tokens = _read_verdicts(store, config.n)
+        done = [q for q in questions if q.row in by_row]
+        if not done:
+            raise ValueError(
+                f"no question was evaluated: all {len(questions)} prompts are longer than "
+                f"{store.max_prompt_tokens} tokens (the model context minus one); raise --max-model-len"
+            )
+        t_agg = time.monotonic()
+        benchmarks, averages, records = aggregate(done, [by_row[q.row] for q in done], config.ks_used)
+        for b in benchmarks.values():
+            if b.verification_failures:
+                logger.warning("%s: %d sample verification(s) crashed or timed out (counted incorrect): %s",
+                               b.name, b.verification_failures, b.reasons)
+        timings.update(
+            {
+                "aggregate_s": time.monotonic() - t_agg,
+                "generated_tokens": float(num_tokens),
+                "tokens_per_s": num_tokens / max(timings["generate_s"], 1e-9) if timings["generate_s"] else 0.0,
+            }
+        )
+        samples: Sequence[dict[str, Any]] = SampleFile(store.samples_path, num_samples)
+        if scratch is not None:
+            samples = list(samples)
+        result = EvalResult(
+            config, benchmarks, averages, records, samples, timings, skipped=skipped,
+            max_prompt_tokens=store.max_prompt_tokens,
+            resume={"sessions": store.sessions, "resumed_questions": resumed},
+        )
+        timings["total_s"] = time.monotonic() - start
+        if config.out is not None:
+            from verl_replay.eval.report import write_outputs
+
+            result.files = write_outputs(result, config.out)
+            store.mark_complete()
+        return result
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+
+
+def _log_skipped(skipped: Sequence[Mapping[str, Any]], limit: int | None) -> None:
+    if not skipped:
+        return
+    per_benchmark = Counter(s["benchmark"] for s in skipped)
+    logger.warning(
+        "%d prompt(s) longer than %s tokens skipped (not counted as wrong; listed in results.json): %s",
+        len(skipped), limit, dict(per_benchmark),
     )
-    t_verify = time.monotonic()
-    ks = config.ks_used
-    benchmarks, averages, records = aggregate(questions, verdicts, ks)
-    for b in benchmarks.values():
-        if b.verification_failures:
-            logger.warning("%s: %d sample verification(s) crashed or timed out (counted incorrect): %s",
-                           b.name, b.verification_failures, b.reasons)
-    samples = [
+
+
+def _run_chunks(
+    config: EvalConfig,
+    backend: Any,
+    questions: Sequence[Question],
+    store: Any,
+    timings: dict[str, float],
+    progress: bool,
+) -> None:
+    """Generate chunk i + 1 while the verifier pool checks chunk i; commit each verified chunk."""
+    skipped_rows = {int(s["row"]) for s in store.skipped}
+    kept = [q for q in questions if q.row not in skipped_rows]
+    chunks = _chunks(kept, config.chunk_questions)  # fixed by the kept list: stable across resumes
+    done_rows = store.done_rows
+    pending_chunks = [(i, c) for i, c in enumerate(chunks) if not all(q.row in done_rows for q in c)]
+    bar = _Progress(len(kept), len(kept) - sum(len(c) for _, c in pending_chunks), config.n, progress)
+    verifier = _Verifier(kept, workers=config.verify_workers, timeout_s=config.verify_timeout_s,
+                         hard_timeout_s=config.verify_hard_timeout_s)
+    try:
+        pending: tuple[list[Question], list[list[Any]], dict] | None = None
+        for index, chunk in pending_chunks:
+            if any(q.row in done_rows for q in chunk):  # pragma: no cover - commits are whole chunks
+                raise RuntimeError(f"chunk {index} is partly committed in {store.state_path}; pass --overwrite")
+            t0 = time.monotonic()
+            generations = _generate(backend, chunk, config, chunk_seed(config.seed, index))
+            timings["generate_s"] += time.monotonic() - t0
+            texts = [[str(g.text) for g in row] for row in generations]
+            futures = verifier.submit(chunk, texts)
+            if pending is not None:
+                _commit(store, verifier, pending, timings, bar)
+            pending = (chunk, generations, futures)
+        if pending is not None:
+            _commit(store, verifier, pending, timings, bar)
+    finally:
+        verifier.close()
+        bar.close()
+
+
+def _commit(store: Any, verifier: _Verifier, pending: tuple, timings: dict[str, float], bar: _Progress) -> None:
+    chunk, generations, futures = pending
+    t0 = time.monotonic()
+    verdicts = verifier.collect(chunk, [[str(g.text) for g in row] for row in generations], futures)
+    timings["verify_wait_s"] += time.monotonic() - t0
+    records = [
         _sample_record(q, j, g, v)
-        for q, row, vrow in zip(questions, generations, verdicts)
+        for q, row, vrow in zip(chunk, generations, verdicts)
         for j, (g, v) in enumerate(zip(row, vrow))
     ]
-    timings = {
-        "load_s": t_load - start,
-        "model_load_s": t_model - t_load,
-        "generate_s": t_gen - t_model,
-        "verify_s": t_verify - t_gen,
-        "generated_tokens": float(num_tokens),
-        "tokens_per_s": num_tokens / max(t_gen - t_model, 1e-9),
-    }
-    result = EvalResult(config, benchmarks, averages, records, samples, timings)
-    timings["total_s"] = time.monotonic() - start
-    if config.out is not None:
-        from verl_replay.eval.report import write_outputs
-
-        result.files = write_outputs(result, config.out)
-    return result
+    store.commit([q.row for q in chunk], records)
+    bar.advance(len(chunk), sum(int(r["num_tokens"]) for r in records))
 
 
 def _sample_record(question: Question, index: int, generation: Any, verdict: SampleVerdict) -> dict[str, Any]:
@@ -785,4 +1074,3 @@ def _sample_record(question: Question, index: int, generation: Any, verdict: Sam
     if verdict.detail:
         record["detail"] = verdict.detail
     return record
-

@@ -10,7 +10,15 @@ sampling arguments, conversion of outputs) is a pure function tested on CPU.
 Seeding: each of the ``n`` samples of each prompt is its own request (``SamplingParams(n=1)``)
 with a per-request seed derived from ``(seed, prompt index, sample index)``. A prompt's samples
 therefore do not depend on which other prompts share the call, on scheduling, or on how a vLLM
-version fans out ``n > 1``; the repeated prompt prefix is served from vLLM's prefix cache.
+version fans out ``n > 1``.
+
+Prefix caching: the ``n`` requests of a prompt share its whole prompt, which vLLM's automatic
+prefix caching would prefill once. vLLM 0.24 enables it by default only for pure-attention
+models; for hybrid models such as Qwen3.5 (Gated DeltaNet + full attention) it is experimental
+and off by default (``ModelConfig.is_prefix_caching_supported``), and verl's Qwen3.5 examples
+turn it off for the rollout as well. This backend keeps vLLM's default, so with Qwen3.5 every
+request prefills its prompt: ``n`` times the prefill work of one. Pass
+``engine_extra={"enable_prefix_caching": True}`` to opt in to vLLM's experimental hybrid cache.
 """
 
 from __future__ import annotations
@@ -159,6 +167,7 @@ class VLLMBackend(GenerationBackend):
             raise BackendUnavailableError(VLLM_INSTALL_HINT) from err
         self._vllm = vllm
         self.model_path = str(model_path)
+        self._max_model_len = max_model_len
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._llm = vllm.LLM(
             **engine_kwargs(
@@ -177,6 +186,15 @@ class VLLMBackend(GenerationBackend):
     @property
     def tokenizer(self) -> Any:
         return self._llm.get_tokenizer()
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The engine's context length: the one asked for, else what vLLM derived from the model."""
+        if self._max_model_len is not None:
+            return int(self._max_model_len)
+        config = getattr(getattr(self._llm, "llm_engine", None), "model_config", None)
+        value = getattr(config, "max_model_len", None)
+        return int(value) if value else None
 
     def generate(
         self,
