@@ -214,3 +214,22 @@ def test_verbose_prints_verls_output_on_the_console(tmp_path, tiny_assets):
     assert "verl's own output" in result.stdout and "torchtitan engine is not available" in result.stderr
     assert not (runs[0] / "verl.log").exists() and (runs[0] / "config.yaml").exists()
     assert "step 1/2" not in result.stdout  # verl's console logger prints the steps itself
+
+
+def test_the_done_line_survives_a_deleted_working_directory(tmp_path):
+    """A Ray job runs in Ray's unpacked copy of its files, which Ray may delete as the run ends:
+    the done line then shows the run dir whole instead of failing the finished run."""
+    import os
+
+    from verl_replay.main import _shown
+
+    gone = tmp_path / "job_files"
+    gone.mkdir()
+    before = os.getcwd()
+    os.chdir(gone)
+    try:
+        assert _shown(gone / "outputs" / "run") == os.path.join("outputs", "run")
+        gone.rmdir()
+        assert _shown(tmp_path / "outputs" / "run") == str(tmp_path / "outputs" / "run")
+    finally:
+        os.chdir(before)

@@ -451,10 +451,13 @@ def _duration(seconds: float) -> str:
 
 
 def _shown(path: Path) -> str:
-    """The path relative to the working directory when it lies inside it (shorter lines)."""
+    """The path relative to the working directory when it lies inside it (shorter lines).
+
+    As a Ray job the working directory is Ray's unpacked copy of the job's files, which Ray may
+    delete while the run ends: then the path is shown whole."""
     try:
         return str(Path(path).relative_to(Path.cwd()))
-    except ValueError:
+    except (ValueError, OSError):
         return str(path)
 
 

@@ -377,8 +377,12 @@ def test_tiny_recipe_dry_run_prints_the_split_placement(tmp_path) -> None:
 @pytest.mark.e2e
 def test_tiny_headroom_drift_recipe_runs_every_stage(tmp_path) -> None:
     env = {**_tiny_env(tmp_path), "TOTAL_STEPS": "5", "TRAIN_PROMPTS": "4", "PPO_MINI_PROMPTS": "2", "K_REP": "2",
-           "TAU": "10"}
-    run = run_recipe("headroom_drift_math.sh", env, timeout=1200)
+           "TAU": "10", "SCAN_CHUNK_GROUPS": "16"}
+    audit, dump = tmp_path / "audit", tmp_path / "rollouts"
+    # extra arguments reach the training stage as Hydra overrides: what the update trained on, and
+    # verl's own rollout dump, for the checks against independent sources below
+    run = run_recipe("headroom_drift_math.sh", env, f"replay.audit_dir={audit}", f"trainer.rollout_data_dir={dump}",
+                     "algorithm.rollout_correction.rollout_is=token", timeout=1200)
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     train = run.command("train")
     assert all(override in train for override in TINY_SPLIT), train
@@ -388,6 +392,11 @@ def test_tiny_headroom_drift_recipe_runs_every_stage(tmp_path) -> None:
     accepted = [m["data"]["replay/accepted"] for m in metrics]
     assert accepted[0] == 0 and sum(accepted) > 0  # TAU=10 accepts every scanned group
     check_replay_once_per_global_step(run_dir, metrics, k_rep=2)
+    # counts per global step, optimiser steps, scan rows <= (scanned + 1) x n at scan_chunk_groups=16,
+    # replayed rows' anchors and advantages, fresh-only critic/score
+    from split_checks import check_group_replay_run
+
+    check_group_replay_run(run_dir, [m["data"] for m in metrics], audit, dump, k_rep=2, steps=5)
     hf_model = run_dir / "checkpoints" / "global_step_5" / "actor" / "huggingface"
     assert (hf_model / "config.json").is_file()
     evaluation = run.command("eval")

@@ -1,9 +1,20 @@
-"""verl's real GRPO loop on CPU through ``python -m verl_replay.main`` (replay.strategy=none)."""
+"""verl's real GRPO loop on CPU through ``python -m verl_replay.main`` (replay.strategy=none).
+
+``replay.strategy=none`` is verl's own GRPO: the run is repeated with verl's own entry point
+(``python -m verl.trainer.main_ppo``) on the same config, composed once through our Hydra config
+(cpu_tiny profile), resolved, and given to verl without our keys; both must log the same metrics.
+verl's synchronous trainer is used: under ``separate_async`` which fresh groups a round trains on
+depends on which rollouts finish first, so two runs of verl itself already differ step by step (the
+replay hooks are the same mixin on both).
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +26,43 @@ pytestmark = pytest.mark.e2e
 
 REQUIRED_METRICS = ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "timing_s/step")
 ROW_PROBE = Path(__file__).with_name("fresh_row_probe.py")
+
+OURS_ONLY = ("replay", "dry_run", "run_dir", "tiny_task", "tiny_response_length", "verbose", "output_root")
+# rollout- and update-determined metrics (timings and throughput depend on the machine's load)
+COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy",
+            "training/rollout_probs_diff_mean")
+
+
+def _composed_config(overrides: tuple[str, ...]) -> dict:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import verl_replay.main
+    from verl_replay.main import register_resolvers
+
+    register_resolvers()
+    config_dir = str(Path(verl_replay.main.__file__).parent / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose(config_name="replay_trainer", overrides=list(overrides))
+    return OmegaConf.to_container(config, resolve=True)
+
+
+def run_verls_own_entry_point(tmp_path: Path, overrides: tuple[str, ...]) -> list[dict]:
+    """``python -m verl.trainer.main_ppo`` on our composed config without our keys; its metrics."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    config = _composed_config(overrides)
+    for key in OURS_ONLY:
+        config.pop(key)
+    config["trainer"]["default_local_dir"] = str(tmp_path / "verl_checkpoints")
+    (tmp_path / "verl_config").mkdir()
+    (tmp_path / "verl_config" / "run.yaml").write_text(yaml.safe_dump(config))
+    verl_metrics = tmp_path / "verl_metrics.jsonl"
+    env = dict(os.environ, VERL_PLATFORM="cpu", VERL_FILE_LOGGER_PATH=str(verl_metrics), PYTHONUNBUFFERED="1")
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-path={tmp_path / 'verl_config'}",
+               "--config-name=run", "hydra.run.dir=" + str(tmp_path / "hydra"), "hydra.output_subdir=null"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    return [json.loads(line)["data"] for line in verl_metrics.read_text().splitlines() if line.strip()]
 
 
 def _check_fresh_rows_carry_mrope_position_ids(probe: dict) -> None:
@@ -45,9 +93,9 @@ def check_console(run, steps: int) -> None:
     assert "Traceback" not in run.output and "warn" not in run.output.lower()
 
 
-def test_grpo_loop_runs_and_updates_the_actor(run_main, tiny_assets, tmp_path):
+def test_grpo_loop_runs_updates_the_actor_and_matches_verls_own(run_main, tiny_assets, tmp_path):
     probe_path = tmp_path / "fresh_rows.json"
-    run = run_main(
+    overrides = (
         "trainer.total_training_steps=3",
         "trainer.save_freq=3",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
@@ -55,8 +103,8 @@ def test_grpo_loop_runs_and_updates_the_actor(run_main, tiny_assets, tmp_path):
         f"trainer.v1.sampler.custom_sampler.path={ROW_PROBE}",
         "trainer.v1.sampler.custom_sampler.name=FreshRowProbe",
         f"+trainer.v1.sampler.sampler_kwargs.row_probe_path={probe_path}",
-        experiment="grpo",
     )
+    run = run_main(*overrides, "replay.strategy=none", experiment="grpo")
     _check_fresh_rows_carry_mrope_position_ids(json.loads(probe_path.read_text()))
     check_console(run, steps=3)
     # its own folder, named after the experiment; nothing written outside outputs/
@@ -82,6 +130,14 @@ def test_grpo_loop_runs_and_updates_the_actor(run_main, tiny_assets, tmp_path):
     changed = [name for name in after if name in before and not torch.equal(before[name], after[name])]
     assert changed, "the actor's weights did not change after three GRPO updates"
     assert all(torch.isfinite(t).all() for t in after.values())
+
+    # the same run through verl's own entry point: the same metrics
+    theirs = run_verls_own_entry_point(tmp_path / "verl", overrides)
+    assert [m["training/global_step"] for m in theirs] == [1, 2, 3]
+    for mine, verls in zip(metrics, theirs, strict=True):
+        assert not any(key.startswith("replay/") for key in mine)
+        for key in COMPARED:
+            assert math.isclose(mine[key], verls[key], rel_tol=1e-5, abs_tol=1e-7), (key, mine[key], verls[key])
 
 
 def test_tiny_sql_run_learns(run_main):

@@ -2,7 +2,8 @@
 
 One 6-step run checks that groups are scanned, accepted and rejected by the drift gate, and that
 inside the actor update the replayed rows carried their stored anchor as ``old_log_probs`` and
-their stored advantages (the loss records them with ``replay.audit_dir``). A second run is killed
+their stored advantages (the loss records them with ``replay.audit_dir``); the same run with the
+replayed rows' old-log-prob forward recomputed must give bitwise the same update. A second run is killed
 with SIGKILL at a random point after a checkpoint and resumed by naming its run dir: it must make
 the same selections, bitwise, as the straight run.
 """
@@ -130,6 +131,19 @@ def test_headroom_drift_replay_end_to_end(run_main, spawn_main, tmp_path):
 
     # Replayed rows are reported apart from the fresh rollouts' scores.
     assert any("replay/score/mean" in m for m in metrics)
+
+    # Replayed rows keep their stored anchor, so their old-log-prob forward is skipped: the update
+    # must be exactly the one with that forward (replay.recompute_replayed_log_probs=true). The
+    # synchronous trainer's runs are bitwise reproducible (under separate_async which fresh groups a
+    # round gets depends on which rollouts finish first).
+    # (3 of the 6 steps: the learning rate is constant and the data order fixed by the seed)
+    recomputed = run_main(*REPLAY, "trainer.total_training_steps=3", f"replay.audit_dir={tmp_path / 'audit_recomputed'}",
+                          "replay.recompute_replayed_log_probs=true", experiment="hd_recomputed").metrics
+    assert len(recomputed) == 3 and sum(m["replay/accepted"] for m in recomputed) > 0
+    for a, b in zip(metrics[:3], recomputed, strict=True):
+        for key in ("replay/accepted", "critic/score/mean", "actor/pg_loss", "actor/ppo_kl", "actor/grad_norm",
+                    "actor/entropy"):
+            assert a[key] == b[key], (key, a["training/global_step"], a[key], b[key])
     events = read_events(run.run_dir / "replay_events.jsonl")
     assert {e["event"] for e in events} >= {"ingress", "scan", "step"}
 
@@ -153,18 +167,3 @@ def test_headroom_drift_replay_end_to_end(run_main, spawn_main, tmp_path):
     # each global step's records once: the killed run's records past its checkpoint were dropped
     steps = [e["step"] for e in read_events(second.run_dir / "replay_events.jsonl") if e["event"] == "step"]
     assert steps == [1, 2, 3, 4, 5, 6]
-
-
-def test_skipping_the_forwards_of_replayed_rows_changes_nothing(run_main):
-    """Replayed rows keep their stored anchor, so their old-log-prob forward is skipped: the update
-    must be exactly the one with the forward (``replay.recompute_replayed_log_probs=true``). Run on
-    the synchronous trainer, whose runs are bitwise reproducible (under separate_async which fresh
-    groups a round gets depends on which rollouts finish first)."""
-    common = ("replay.strategy=headroom_drift", "replay.k_rep=2", "replay.tau=1.0", "trainer.total_training_steps=3")
-    skipped = run_main(*common, experiment="skip").metrics
-    recomputed = run_main(*common, "replay.recompute_replayed_log_probs=true", experiment="recompute").metrics
-    assert sum(m["replay/accepted"] for m in skipped) > 0
-    for a, b in zip(skipped, recomputed, strict=True):
-        for key in ("replay/accepted", "critic/score/mean", "actor/pg_loss", "actor/ppo_kl", "actor/grad_norm",
-                    "actor/entropy"):
-            assert a[key] == b[key], (key, a["training/global_step"], a[key], b[key])
