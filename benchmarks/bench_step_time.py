@@ -43,6 +43,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -234,7 +235,7 @@ def run_arm(arm: Arm, s: Settings, out: Path, timeout_s: int) -> dict[str, Any]:
                     print(f"[bench]   {arm.name} {line.rstrip()}", flush=True)
             returncode = process.wait(timeout=max(1.0, timeout_s - (time.monotonic() - started)))
         except BaseException:
-            process.kill()
+            stop(process)
             raise
     wall = time.monotonic() - started
     if returncode != 0:
@@ -253,6 +254,20 @@ def run_arm(arm: Arm, s: Settings, out: Path, timeout_s: int) -> dict[str, Any]:
         "medians": medians,
         "per_step": {k: [m.get(k) for m in metrics] for k in (*STAGES, *COUNTS) if any(k in m for m in metrics)},
     }
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Interrupt a run the way Ctrl-C does, so it stops its Ray cluster; kill it if it hangs."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM (e.g. `timeout`): stop the running arm cleanly
 
 
 def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -341,6 +356,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, list[str], Path | None
 
 def main(argv: list[str] | None = None) -> int:
     settings, arm_names, out, timeout_s = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     validate(settings, arm_names)
     out = (out or Path(tempfile.mkdtemp(prefix="bench_step_time."))).absolute()
     if out.exists() and any(out.iterdir()):
