@@ -157,30 +157,3 @@ def test_load_weights_changes_the_model_and_rejects_mismatches(server):
     server.load_weights(state)
     with pytest.raises(RuntimeError, match="unexpected"):
         server.load_weights({**state, "not.a.weight": torch.zeros(1)})
-
-
-def test_ignore_eos_generates_to_max_tokens_with_the_same_samples(server):
-    """vLLM's ignore_eos: eos may be sampled but generation goes on. Same seeds, so the normal output
-    is a prefix of the ignore_eos one; log-probs of the tokens after eos are those of the model."""
-    prompts = [_prompt(server, f"What is {i} + 2?") for i in range(8)]
-
-    def generate(params):
-        async def run():
-            return await asyncio.gather(*[
-                server.generate(prompt_ids=p, sampling_params={"temperature": 1.0, "top_p": 1.0, "top_k": -1, **params},
-                                request_id=str(i)) for i, p in enumerate(prompts)])
-        asyncio.run(server.set_global_steps(11))
-        outputs = asyncio.run(run())
-        asyncio.run(server.set_global_steps(12))  # occurrence counters restart for the next call
-        return outputs
-
-    normal, ignored = generate({}), generate({"ignore_eos": True})
-    assert any(len(o.token_ids) < 12 for o in normal), "no output ended early: the test cannot see ignore_eos"
-    for short, full, prompt in zip(normal, ignored, prompts, strict=True):
-        assert len(full.token_ids) == len(full.log_probs) == 12  # the server's response_length
-        assert full.token_ids[: len(short.token_ids)] == short.token_ids
-        ids = torch.tensor([prompt + full.token_ids])
-        with torch.no_grad():
-            logits = server.model(input_ids=ids).logits[0, len(prompt) - 1 : -1]  # [R, V]
-        expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, torch.tensor(full.token_ids)[:, None])[:, 0]
-        torch.testing.assert_close(torch.tensor(full.log_probs), expected, rtol=1e-4, atol=1e-4)

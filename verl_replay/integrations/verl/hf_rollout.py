@@ -103,11 +103,10 @@ class _Request:
     top_p: float
     seed: int
     future: asyncio.Future = field(repr=False)
-    ignore_eos: bool = False
 
     @property
     def batch_key(self) -> tuple:
-        return (self.temperature, self.top_k, self.top_p, self.max_tokens, self.ignore_eos)
+        return (self.temperature, self.top_k, self.top_p, self.max_tokens)
 
 
 class HFRolloutServer:
@@ -179,8 +178,6 @@ class HFRolloutServer:
             top_p=float(params.get("top_p", 1.0)),
             seed=request_seed(self.base_seed, self.global_steps, prompt_ids, occurrence),
             future=asyncio.get_running_loop().create_future(),
-            # as verl's vLLM server: the request's own value, else rollout.ignore_eos
-            ignore_eos=bool(params.get("ignore_eos", getattr(self.config, "ignore_eos", False))),
         )
         self._pending.append(request)
         if self._batcher is None or self._batcher.done():
@@ -230,13 +227,10 @@ class HFRolloutServer:
         )
         from transformers import GenerationConfig, LogitsProcessorList
 
-        # ignore_eos (vLLM's meaning): eos may be sampled, generation goes on to max_tokens. An id
-        # outside the vocabulary stops nothing (None would fall back to the model's own eos).
-        stop_ids = [self.model.config.get_text_config().vocab_size] if first.ignore_eos else self.eos_token_ids
         generation_config = GenerationConfig(
             do_sample=False,
             max_new_tokens=first.max_tokens,
-            eos_token_id=stop_ids,
+            eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
         )
         output = self.model.generate(
@@ -247,14 +241,14 @@ class HFRolloutServer:
         )
         generated = output[:, longest:]  # [B, R]
         step_log_probs = torch.stack(sampler.step_log_probs, dim=1)  # [B, R]
-        return [self._trim(generated[row], step_log_probs[row], first.ignore_eos) for row in range(len(requests))]
+        return [self._trim(generated[row], step_log_probs[row]) for row in range(len(requests))]
 
-    def _trim(self, tokens: torch.Tensor, log_probs: torch.Tensor, ignore_eos: bool = False) -> tuple[list[int], list[float]]:
-        """Cut a generated row after its first eos (kept, as vLLM keeps it); ignore_eos: keep all."""
+    def _trim(self, tokens: torch.Tensor, log_probs: torch.Tensor) -> tuple[list[int], list[float]]:
+        """Cut a generated row after its first eos (kept, as vLLM keeps it)."""
         token_list = tokens.tolist()
         end = len(token_list)
         for index, token in enumerate(token_list):
-            if token in self.eos_token_ids and not ignore_eos:
+            if token in self.eos_token_ids:
                 end = index + 1
                 break
         return token_list[:end], log_probs[:end].tolist()
