@@ -88,7 +88,10 @@ class Settings:
     response_length: int = 96
     steps: int = 12
     warmup: int = 3
-    tau: float = 0.08
+    # The toy's lr (1e-4, 100x the recipes') moves the policy 0.1-0.3 RMS log-ratio per step, so
+    # tau=0.08 refuses every group and HD would be timed replaying nothing. tau=1.0 lets the scanned
+    # groups through: HD pays its full cost (scan + K replayed groups trained every step).
+    tau: float = 1.0
     scan_chunk_groups: int = 16
     extra: tuple[str, ...] = ()  # Hydra overrides for every arm
 
@@ -336,7 +339,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, list[str], Path | None
     parser.add_argument("--group-size", type=int, help="responses per group, rollout.n (default 4)")
     parser.add_argument("--task", choices=("sql", "math"), help="tiny task (default sql)")
     parser.add_argument("--response-length", type=int, help="data.max_response_length (default 96: tiny sql's cap)")
-    parser.add_argument("--tau", type=float, help="Headroom-Drift gate (default 0.08)")
+    parser.add_argument("--tau", type=float, help="Headroom-Drift gate (default 1.0, see Settings.tau)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override for every arm (repeatable)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per arm before it is killed")
@@ -367,7 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] {len(arms)} arms x {settings.steps} global steps (medians over steps "
           f"{settings.warmup + 1}..{settings.steps}), task {settings.task}, n={settings.group_size}, "
           f"max_response_length={settings.response_length}; load {load_before}; output {out}", flush=True)
-    results = {arm.name: run_arm(arm, settings, out, timeout_s) for arm in arms}
+    try:
+        results = {arm.name: run_arm(arm, settings, out, timeout_s) for arm in arms}
+    except RuntimeError as error:
+        print(f"[bench] error: {error}", file=sys.stderr)
+        return 1
     summary = summarize(results)
     report = {
         "settings": asdict(settings),
