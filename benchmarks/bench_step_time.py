@@ -286,7 +286,8 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         summary["hd_overhead_share"] = med.get("replay/overhead_seconds", 0.0) / med["timing_s/step"]
         summary["hd_scan_forward_share"] = med.get("replay/scan_forward_seconds", 0.0) / med["timing_s/step"]
         summary["targets"] = {
-            "hd/larger <= 0.85": ratios["headroom_drift/larger"] <= TARGET_HD_VS_LARGER if "headroom_drift/larger" in ratios else None,
+            "hd/larger <= 0.85": (ratios["headroom_drift/larger"] <= TARGET_HD_VS_LARGER
+                                  if "headroom_drift/larger" in ratios else None),
             "overhead <= 5% of HD step": summary["hd_overhead_share"] <= TARGET_OVERHEAD_SHARE,
         }
     return summary
@@ -370,24 +371,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] {len(arms)} arms x {settings.steps} global steps (medians over steps "
           f"{settings.warmup + 1}..{settings.steps}), task {settings.task}, n={settings.group_size}, "
           f"max_response_length={settings.response_length}; load {load_before}; output {out}", flush=True)
+    results: dict[str, dict[str, Any]] = {}
+    path = out / "report.json"
+
+    def write_report() -> dict[str, Any]:
+        # after every arm, so an interrupted benchmark keeps the arms it finished
+        report = {"settings": asdict(settings), "argv": sys.argv, "load_before": load_before,
+                  "load_after": load_line(), "complete": len(results) == len(arms),
+                  "summary": summarize(results), "arms": results}
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(report, indent=2))
+        tmp.replace(path)
+        return report
+
     try:
-        results = {arm.name: run_arm(arm, settings, out, timeout_s) for arm in arms}
+        for arm in arms:
+            results[arm.name] = run_arm(arm, settings, out, timeout_s)
+            report = write_report()
     except RuntimeError as error:
         print(f"[bench] error: {error}", file=sys.stderr)
         return 1
-    summary = summarize(results)
-    report = {
-        "settings": asdict(settings),
-        "argv": sys.argv,
-        "load_before": load_before,
-        "load_after": load_line(),
-        "summary": summary,
-        "arms": results,
-    }
-    path = out / "report.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    tmp.replace(path)
+    summary = report["summary"]
     print(format_table(results))
     print(format_summary(summary))
     print(f"[bench] load after: {report['load_after']}; report: {path}")
