@@ -93,6 +93,7 @@ def test_summary_ratios_are_ratios_of_the_median_steps():
 
 
 @pytest.mark.e2e
+@pytest.mark.benchmark  # two training start-ups (~4 min): selected with -m benchmark, not in the default suite
 def test_quick_mode_writes_a_report_that_matches_the_runs(tmp_path):
     out = tmp_path / "bench"
     env = {k: v for k, v in os.environ.items() if k != "VERL_FILE_LOGGER_PATH"}
