@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipes-dir", default=None, help="the recipes/ folder (default: the one next to the package)")
     p.add_argument("--python", default=sys.executable, help="interpreter the recipes run (default: this one)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (every command) and exit; also DRY_RUN=1")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="start no run that would likely end past this many seconds (repeat the command to continue)")
     p.add_argument("--report-only", action="store_true", help="write the report from the finished runs, run nothing")
     return p
 
@@ -160,7 +162,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start = time.monotonic()
     records: dict[str, dict[str, Any]] = {}
     if not args.report_only:
-        records = run_plan(plan)
+        records = run_plan(plan, time_budget_s=args.time_budget)
     wall = None if args.report_only else time.monotonic() - start
     document = collect_document(plan, records, wall)
     paths = write_outputs(plan.out_dir, document)

@@ -56,10 +56,15 @@ def _print(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def run_plan(plan: Plan, *, say: Callable[[str], None] = _print) -> dict[str, dict[str, Any]]:
+def run_plan(plan: Plan, *, say: Callable[[str], None] = _print,
+             time_budget_s: Optional[float] = None) -> dict[str, dict[str, Any]]:
     """Every run of the plan (the archive search first), skipping finished ones. Returns the
-    records by run key; failed runs are recorded and the rest still run."""
+    records by run key; failed runs are recorded and the rest still run. With a time budget, a
+    run is not started when the time spent plus the mean wall time of this session's runs so far
+    would exceed it (the runs left are recorded as not started; repeat the command to add them)."""
     records: dict[str, dict[str, Any]] = {}
+    start = time.monotonic()
+    walls: list[float] = []
     if plan.search is not None:
         assert plan.archive is not None
         manifest = plan.archive.with_name(plan.archive.name + ".manifest.json")
@@ -87,8 +92,16 @@ def run_plan(plan: Plan, *, say: Callable[[str], None] = _print) -> dict[str, di
                                      "wall_s": 0.0, "log": None, "skipped": "no archive"}
                 say(f"[compare] {index}/{total} {spec.key}: skipped (no archive)")
                 continue
+        if time_budget_s is not None and walls:
+            expected = time.monotonic() - start + sum(walls) / len(walls)
+            if expected > time_budget_s:
+                records[spec.key] = {"key": spec.key, "command": spec.shell(), "returncode": None,
+                                     "wall_s": 0.0, "log": None, "skipped": "time budget"}
+                say(f"[compare] {index}/{total} {spec.key}: not started (time budget {time_budget_s:.0f}s)")
+                continue
         say(f"[compare] {index}/{total} {spec.key} ... (log {spec.log_path})")
         record = run_spec(spec)
+        walls.append(record["wall_s"])
         records[spec.key] = record
         status = "ok" if record["returncode"] == 0 else f"FAILED (exit {record['returncode']}, see the log)"
         say(f"[compare] {index}/{total} {spec.key}: {status} in {record['wall_s']:.0f}s")
