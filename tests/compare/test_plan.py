@@ -37,13 +37,13 @@ def test_headroom_drift_arms_match_fresh_budget_and_step_size(tmp_path):
     plan = _plan(tmp_path, comparisons=["headroom_drift"])
     arms = {a.name: a for a in plan.arms("headroom_drift")}
     assert list(arms) == ["grpo_matched", "grpo_larger", "naive", "headroom_drift"]
-    assert arms["grpo_matched"].fresh_prompts == 4
-    assert arms["grpo_larger"].fresh_prompts == 6  # 1.5 G
-    assert arms["naive"].env["K_REP"] == arms["headroom_drift"].env["K_REP"] == "2"
+    assert arms["grpo_matched"].fresh_prompts == 8
+    assert arms["grpo_larger"].fresh_prompts == 12  # 1.5 G
+    assert arms["naive"].env["K_REP"] == arms["headroom_drift"].env["K_REP"] == "4"  # K_rep = G / 2
     assert float(arms["headroom_drift"].env["TAU"]) == pytest.approx(tau_rule(), rel=1e-5)
     assert "TAU" not in arms["naive"].env
     for run in plan.runs:  # same optimiser-step size in every arm
-        assert run.env["PPO_MINI_PROMPTS"] == "2" and run.env["GROUP_SIZE"] == "4"
+        assert run.env["PPO_MINI_PROMPTS"] == "4" and run.env["GROUP_SIZE"] == "4"
         assert run.env["TINY"] == "1" and run.env["STAGES"] == "train"
     assert plan.search is None and plan.archive is None
 

@@ -87,7 +87,12 @@ def tiny_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, v
     steps, test_freq = steps or 6, test_freq or 2
     return Profile(name="tiny", tiny=True, steps={c: steps for c in COMPARISONS},
                    test_freq={c: test_freq for c in COMPARISONS}, val_n=val_n or 2, group_size=4,
-                   prompts=4, mini_prompts=2, k_rep=2, eval_n=4, eval_k="1,2,4",
+                   # G = 8 groups in 2 rounds of one 4-group optimiser step, K_rep = G / 2 like
+                   # b256 + r128; 1.5 G = 12 in 3 rounds. 4 prompts per round, not the recipe's 2:
+                   # a round whose rows all have one length crashes verl's own update on this
+                   # stack (see docs/comparison/README.md), and 2 tiny-math prompts x 4 short
+                   # answers often do
+                   prompts=8, mini_prompts=4, k_rep=4, eval_n=4, eval_k="1,2,4",
                    eval_limit=1000,  # more than the tiny validation set: every question
                    math_eval=False)
 
