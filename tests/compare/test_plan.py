@@ -63,7 +63,9 @@ def test_paper_profile_uses_the_paper_sizes(tmp_path):
 def test_seeds_runs_and_shared_archive(tmp_path):
     plan = _plan(tmp_path)
     assert len(plan.runs) == 3 * (4 + 3)
-    assert [r.seed for r in plan.runs[:7]] == [1] * 7  # seed-major
+    # comparison after comparison, seed-major within one
+    assert [(r.arm.comparison, r.seed) for r in plan.runs[:5]] == [("headroom_drift", 1)] * 4 + [("headroom_drift", 2)]
+    assert [r.seed for r in plan.runs[12:15]] == [1, 1, 1] and plan.runs[12].arm.comparison == "elite"
     assert len({r.run_dir for r in plan.runs}) == len(plan.runs)
     for run in plan.runs:
         assert f"data.seed={run.seed}" in run.argv and f"actor_rollout_ref.rollout.seed={run.seed}" in run.argv

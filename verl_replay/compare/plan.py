@@ -207,8 +207,8 @@ def build_plan(
     arms: Optional[Sequence[str]] = None,
     tau: Optional[float] = None,
 ) -> Plan:
-    """Every (arm, seed) run of the chosen comparisons, in run order (seed-major, so a partial
-    run has whole seeds of every arm)."""
+    """Every (arm, seed) run of the chosen comparisons, in run order: one comparison after the
+    other, seed-major within each (a partial run has whole seeds of every arm of a comparison)."""
     unknown = [c for c in comparisons if c not in COMPARISONS]
     if unknown or not comparisons:
         raise ValueError(f"--comparison: expected some of {', '.join(COMPARISONS)}, got {list(comparisons)}")
@@ -236,28 +236,26 @@ def build_plan(
                          out_dir / "archive", out_dir / "logs" / "elite-search.log", search_env,
                          ["bash", str(recipes_dir / "elite_replay_qwen4b.sh")])
     runs = []
-    for seed in seeds:
-        for arm in all_arms:
-            run_dir = out_dir / "runs" / arm.comparison / arm.name / f"seed{seed}"
-            env = {**_common_env(profile, arm.comparison, python), **arm.env, "OUTPUT_DIR": str(run_dir.parent), "RUN_DIR": str(run_dir)}
-            # verl's validation at step 0 too (the curves' start)
-            overrides = [f"data.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}", "trainer.val_before_train=true"]
-            if arm.comparison == "elite":
-                # the SQL recipe validates greedily; sampled like the math recipe, for Mean@n / Best@n
-                overrides += ["actor_rollout_ref.rollout.val_kwargs.do_sample=True",
-                              "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"]
-                env["STAGES"] = "train,eval"
-                env["EVAL_N"] = str(profile.eval_n)
-                env["EVAL_K"] = profile.eval_k
-                if profile.eval_limit is not None:
-                    env["EVAL_LIMIT"] = str(profile.eval_limit)
-                elif profile.tiny:
-                    env["EVAL_LIMIT"] = ""  # every validation question (the recipe's tiny default is 2)
-                if arm.name != "grpo":
-                    env["ARCHIVE"] = str(archive)
-                    env["ELITE_SEED"] = str(seed)
-            else:
-                env["STAGES"] = "train,eval" if profile.math_eval else "train"
-            runs.append(RunSpec(arm, seed, run_dir, out_dir / "logs" / f"{arm.comparison}-{arm.name}-seed{seed}.log",
-                                env, ["bash", str(recipes_dir / arm.recipe), *overrides]))
+    for arm, seed in ((arm, seed) for comparison in COMPARISONS for seed in seeds
+                      for arm in all_arms if arm.comparison == comparison):
+        run_dir = out_dir / "runs" / arm.comparison / arm.name / f"seed{seed}"
+        env = {**_common_env(profile, arm.comparison, python), **arm.env, "OUTPUT_DIR": str(run_dir.parent), "RUN_DIR": str(run_dir)}
+        # verl's validation at step 0 too (the curves' start)
+        overrides = [f"data.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}", "trainer.val_before_train=true"]
+        if arm.comparison == "elite":
+            # the SQL recipe validates greedily; sampled like the math recipe, for Mean@n / Best@n
+            overrides += ["actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+                          "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"]
+            env["STAGES"] = "train,eval"
+            env["EVAL_N"] = str(profile.eval_n)
+            env["EVAL_K"] = profile.eval_k
+            if profile.eval_limit is not None:
+                env["EVAL_LIMIT"] = str(profile.eval_limit)
+            if arm.name != "grpo":
+                env["ARCHIVE"] = str(archive)
+                env["ELITE_SEED"] = str(seed)
+        else:
+            env["STAGES"] = "train,eval" if profile.math_eval else "train"
+        runs.append(RunSpec(arm, seed, run_dir, out_dir / "logs" / f"{arm.comparison}-{arm.name}-seed{seed}.log",
+                            env, ["bash", str(recipes_dir / arm.recipe), *overrides]))
     return Plan(profile=profile, tau=tau, out_dir=out_dir, archive=archive, search=search, runs=runs)
