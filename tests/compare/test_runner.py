@@ -20,13 +20,14 @@ def _plan(tmp_path: Path, runs: list[RunSpec]) -> Plan:
 
 
 def test_records_failures_and_skips_finished_runs(tmp_path):
-    ok = _spec(tmp_path, "ok", "import os, pathlib; pathlib.Path(os.environ['COMPARE_TEST']).touch()")
+    ok = _spec(tmp_path, "ok", "import os; print('env', os.environ['COMPARE_TEST'])")
     bad = _spec(tmp_path, "bad", "import sys; print('boom'); sys.exit(3)")
     lines: list[str] = []
     records = run_plan(_plan(tmp_path, [ok, bad]), say=lines.append)
     assert records[ok.key]["returncode"] == 0 and read_done(ok.run_dir)["wall_s"] >= 0
     assert records[bad.key]["returncode"] == 3 and read_done(bad.run_dir) is None
     assert "boom" in bad.log_path.read_text() and "FAILED (exit 3" in lines[-1]
+    assert "env ok" in ok.log_path.read_text()  # the spec's environment reached the command
     assert (ok.run_dir / DONE_FILE).is_file() and not (bad.run_dir / DONE_FILE).exists()
     lines.clear()
     again = run_plan(_plan(tmp_path, [ok, bad]), say=lines.append)
