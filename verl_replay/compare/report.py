@@ -179,6 +179,7 @@ def plot_curves(comparisons: Sequence[Mapping[str, Any]], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = max(1, len(comparisons))
     fig, axes = plt.subplots(rows, 2, figsize=(11, 3.8 * rows), squeeze=False)
@@ -198,6 +199,7 @@ def plot_curves(comparisons: Sequence[Mapping[str, Any]], path: Path) -> Path:
                 ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
             ax.set_title(f"{comp['comparison']}: validation {name}")
             ax.set_xlabel("global step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_ylabel(f"{name} (%)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
@@ -215,8 +217,10 @@ def write_outputs(out_dir: Path, document: Mapping[str, Any]) -> dict[str, Path]
     """``comparison.json``, ``table.md`` and ``curves.png`` in ``out_dir``."""
     out_dir = Path(out_dir)
     tables = [f"## {comp['comparison']}\n\n" + format_table(comp) for comp in document["comparisons"]]
+    steps = document.get("steps") or {}
+    shown = ", ".join(f"{c['comparison']} {steps[c['comparison']]}" for c in document["comparisons"] if c["comparison"] in steps)
     header = (f"# Strategy comparison ({document['profile']} profile)\n\n"
-              f"Mean ± std over seeds; final = the last validation (the last step; global steps {document.get('steps')}). "
+              f"Mean ± std over seeds; final = the last validation, at the last step (global steps: {shown}). "
               "Mean@n / Best@n: verl's val-core metrics (Best@n: mean of bootstrapped best-of-n). "
               "fresh responses: per run, over all steps. s / step: timing_s/step averaged over steps.\n\n")
     paths = {
