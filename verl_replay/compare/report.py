@@ -202,7 +202,10 @@ def plot_curves(comparisons: Sequence[Mapping[str, Any]], path: Path) -> Path:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_ylabel(f"{name} (%)")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            if ax.lines:
+                ax.legend(fontsize=7)
+            else:
+                ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
