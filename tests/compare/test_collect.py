@@ -1,0 +1,74 @@
+"""Reading a run's metrics.jsonl / config.yaml / eval results into the comparison's numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from verl_replay.compare.collect import RunResultError, collect_run, read_metrics, val_curve
+
+
+def _write_run(tmp_path, lines, *, prompts=4, n=4, eval_doc=None):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in lines))
+    (run / "config.yaml").write_text(f"data:\n  train_batch_size: {prompts}\nactor_rollout_ref:\n  rollout:\n    n: {n}\n")
+    if eval_doc is not None:
+        (run / "eval").mkdir()
+        (run / "eval" / "results.json").write_text(json.dumps(eval_doc))
+    return run
+
+
+def _val(mean, best, src="tiny_math", n=2):
+    return {f"val-core/{src}/acc/mean@{n}": mean, f"val-core/{src}/acc/best@{n}/mean": best,
+            f"val-core/{src}/acc/best@{n}/std": 0.1, f"val-aux/{src}/score/mean@{n}": 9.0}
+
+
+def test_collect_run_hand_computed(tmp_path):
+    lines = [
+        (0, _val(0.1, 0.2)),
+        (1, {"timing_s/step": 2.0, "replay/scanned": 0, "replay/candidates": 0, "replay/acceptance_rate": 0.0,
+             "replay/token_share": 0.0, "replay/accepted": 0}),
+        (2, {"timing_s/step": 4.0, "replay/scanned": 4, "replay/candidates": 3, "replay/acceptance_rate": 0.5,
+             "replay/token_share": 0.3, "replay/accepted": 2, "replay/replay_kl_accepted/mean": 0.002, **_val(0.3, 0.5)}),
+        (3, {"timing_s/step": 6.0, "replay/scanned": 2, "replay/candidates": 6, "replay/acceptance_rate": 1.0,
+             "replay/token_share": 0.1, "replay/accepted": 2, "replay/replay_kl_accepted/mean": 0.004}),
+    ]
+    r = collect_run(_write_run(tmp_path, lines), expected_steps=3)
+    assert r["steps"] == 3 and r["fresh_responses"] == 3 * 4 * 4
+    assert r["step_time_s"] == pytest.approx(4.0) and r["step_time_s_after_first"] == pytest.approx(5.0)
+    # step 1 scanned nothing: left out of acceptance and token share
+    assert r["replay_acceptance"] == pytest.approx(0.75) and r["replay_token_share"] == pytest.approx(0.2)
+    assert r["replay_kl_accepted"] == pytest.approx(0.003)
+    assert [p["step"] for p in r["val_curve"]] == [0, 2]
+    assert r["final_mean"] == 0.3 and r["final_best"] == 0.5 and r["val_n"] == 2
+    assert r["eval"] is None and r["elite_token_share"] is None
+
+
+def test_macro_average_over_data_sources_and_eval(tmp_path):
+    data = {**_val(0.2, 0.4, "a"), **_val(0.4, 0.8, "b"), "timing_s/step": 1.0}
+    doc = {"averages": {"macro": {"pass@1": 0.25, "pass@4": 0.5, "distinct_strategies": 1.5, "mean@n": 0.25}}}
+    r = collect_run(_write_run(tmp_path, [(1, data)], eval_doc=doc))
+    assert r["final_mean"] == pytest.approx(0.3) and r["final_best"] == pytest.approx(0.6)
+    assert r["eval"] == {"pass@1": 0.25, "pass@4": 0.5, "distinct_strategies": 1.5, "mean@n": 0.25}
+
+
+def test_resumed_step_replaces_earlier_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1, "data": {"a": 1}}\n{"step": 2, "data": {"a": 2}}\n{"step": 2, "data": {"a": 3}}\n')
+    assert read_metrics(path) == [(1, {"a": 1}), (2, {"a": 3})]
+    assert val_curve(read_metrics(path)) == []
+
+
+def test_errors_name_the_file(tmp_path):
+    with pytest.raises(RunResultError, match="no metrics file"):
+        collect_run(tmp_path)
+    run = _write_run(tmp_path, [(1, {"timing_s/step": 1.0})])
+    with pytest.raises(RunResultError, match="no val-core"):
+        collect_run(run)
+    with pytest.raises(RunResultError, match="stopped at step 1 of 5"):
+        collect_run(run, expected_steps=5)
+    (run / "metrics.jsonl").write_text("{not json}\n")
+    with pytest.raises(RunResultError, match=r"metrics.jsonl:1"):
+        collect_run(run)

@@ -1,0 +1,109 @@
+"""The comparison plans: arms, matching of the Headroom-Drift comparison, seeds, tau rule."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_replay.compare.plan import build_plan, paper_profile, tau_from_kl, tau_rule, tiny_profile
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def _plan(tmp_path, **kw):
+    args = dict(comparisons=["headroom_drift", "elite"], profile=tiny_profile(), seeds=[1, 2, 3],
+                out_dir=tmp_path, recipes_dir=RECIPES, python="python")
+    args.update(kw)
+    return build_plan(**args)
+
+
+def test_tau_rule_is_the_documented_value():
+    # KL ~ D^2 / 2 at the gate: sqrt(2 * 0.002) = 0.063245...
+    assert tau_rule() == pytest.approx(0.0632455532, rel=1e-9)
+    assert tau_rule(0.005) == pytest.approx(0.1)
+    # recalibration: a pilot that saw KL 0.0005 at tau 0.05 -> 0.05 * sqrt(4) = 0.1
+    assert tau_from_kl(0.05, 0.0005) == pytest.approx(0.1)
+    with pytest.raises(ValueError):
+        tau_from_kl(0.05, 0.0)
+    with pytest.raises(ValueError):
+        tau_rule(-1.0)
+
+
+def test_headroom_drift_arms_match_fresh_budget_and_step_size(tmp_path):
+    plan = _plan(tmp_path, comparisons=["headroom_drift"])
+    arms = {a.name: a for a in plan.arms("headroom_drift")}
+    assert list(arms) == ["grpo_matched", "grpo_larger", "naive", "headroom_drift"]
+    assert arms["grpo_matched"].fresh_prompts == 8
+    assert arms["grpo_larger"].fresh_prompts == 12  # 1.5 G
+    assert arms["naive"].env["K_REP"] == arms["headroom_drift"].env["K_REP"] == "4"  # K_rep = G / 2
+    assert float(arms["headroom_drift"].env["TAU"]) == pytest.approx(tau_rule(), rel=1e-5)
+    assert "TAU" not in arms["naive"].env
+    for run in plan.runs:  # same optimiser-step size in every arm
+        assert run.env["PPO_MINI_PROMPTS"] == "4" and run.env["GROUP_SIZE"] == "4"
+        assert run.env["TINY"] == "1" and run.env["STAGES"] == "train"
+    assert plan.search is None and plan.archive is None
+
+
+def test_paper_profile_uses_the_paper_sizes(tmp_path):
+    plan = _plan(tmp_path, profile=paper_profile(), seeds=[0])
+    by = {r.arm.name: r for r in plan.runs}
+    assert by["grpo_matched"].env["TRAIN_PROMPTS"] == "32" and by["grpo_larger"].env["TRAIN_PROMPTS"] == "48"
+    assert by["headroom_drift"].env["K_REP"] == "16" and by["headroom_drift"].env["PPO_MINI_PROMPTS"] == "8"
+    assert by["headroom_drift"].env["TOTAL_STEPS"] == "500" and by["elite"].env["TOTAL_STEPS"] == "100"
+    assert by["headroom_drift"].env["STAGES"] == "train,eval"  # Mean@32 / Best@32 on the benchmarks
+    # the SQL arms keep the SQL recipe's own sizes (128 x 8, 32 per optimiser step)
+    assert "PPO_MINI_PROMPTS" not in by["elite"].env and "TRAIN_PROMPTS" not in by["elite"].env
+    assert all("TINY" not in r.env for r in plan.runs)
+
+
+def test_seeds_runs_and_shared_archive(tmp_path):
+    plan = _plan(tmp_path)
+    assert len(plan.runs) == 3 * (4 + 3)
+    # comparison after comparison, seed-major within one
+    assert [(r.arm.comparison, r.seed) for r in plan.runs[:5]] == [("headroom_drift", 1)] * 4 + [("headroom_drift", 2)]
+    assert [r.seed for r in plan.runs[12:15]] == [1, 1, 1] and plan.runs[12].arm.comparison == "elite"
+    assert len({r.run_dir for r in plan.runs}) == len(plan.runs)
+    for run in plan.runs:
+        assert f"data.seed={run.seed}" in run.argv and f"actor_rollout_ref.rollout.seed={run.seed}" in run.argv
+        assert run.argv[0] == "bash" and Path(run.argv[1]).is_file()
+        if run.arm.comparison == "elite" and run.arm.name != "grpo":
+            assert run.env["ARCHIVE"] == str(plan.archive) and run.env["ELITE_SEED"] == str(run.seed)
+        if run.arm.name == "grpo":
+            assert "ARCHIVE" not in run.env
+    assert plan.search is not None and plan.search.env["STAGES"] == "search"
+    assert plan.search.env["ARCHIVE"] == str(plan.archive)
+
+
+def test_arms_filter_and_bad_input(tmp_path):
+    plan = _plan(tmp_path, arms=["grpo_matched", "headroom_drift"], seeds=[1])
+    assert [r.arm.name for r in plan.runs] == ["grpo_matched", "headroom_drift"]
+    with pytest.raises(ValueError, match="--arms"):
+        _plan(tmp_path, arms=["nope"])
+    with pytest.raises(ValueError, match="--comparison"):
+        _plan(tmp_path, comparisons=["x"])
+    with pytest.raises(ValueError, match="--seeds"):
+        _plan(tmp_path, seeds=[1, 1])
+
+
+def test_shell_line_round_trips(tmp_path):
+    import shlex
+
+    run = _plan(tmp_path, seeds=[2]).runs[0]
+    words = shlex.split(run.shell())
+    assert words[0] == "env" and f"RUN_DIR={run.run_dir}" in words and words[-len(run.argv):] == run.argv
+
+
+def test_cli_dry_run_prints_every_command(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "verl_replay.compare", "--profile", "paper", "--out", str(tmp_path)],
+                         env={"DRY_RUN": "1", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("env ")]
+    assert len(lines) == 1 + 3 * 7  # the archive search + every (arm, seed)
+    assert not any(tmp_path.iterdir())  # nothing ran, nothing written
+    bad = subprocess.run([sys.executable, "-m", "verl_replay.compare", "--dry-run", "--arms", "nope"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--arms" in bad.stderr
+    assert math.isfinite(tau_rule())

@@ -1,0 +1,71 @@
+"""Aggregation over seeds, the noise verdict, the table and the files written."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from verl_replay.compare.report import aggregate, format_table, mean_std, noise_verdict, write_outputs
+
+
+def test_mean_std_hand_computed():
+    mean, std, n = mean_std([1.0, 2.0, 6.0])
+    assert mean == pytest.approx(3.0) and std == pytest.approx(math.sqrt(7.0)) and n == 3
+    assert mean_std([5.0]) == (5.0, None, 1)
+    assert mean_std([]) == (None, None, 0)
+    assert mean_std([1.0, float("nan"), 3.0])[:2] == (2.0, pytest.approx(math.sqrt(2.0)))
+
+
+def test_noise_verdict_two_standard_errors():
+    ref = {"mean": 0.5, "std": 0.1, "n": 4}
+    # se = sqrt(0.01/4 + 0.01/4) = 0.0707; 2 se = 0.1414
+    assert noise_verdict({"mean": 0.64, "std": 0.1, "n": 4}, ref) == "within noise"
+    assert noise_verdict({"mean": 0.65, "std": 0.1, "n": 4}, ref) == "higher"
+    assert noise_verdict({"mean": 0.35, "std": 0.1, "n": 4}, ref) == "lower"
+    assert noise_verdict({"mean": 0.9, "std": None, "n": 1}, ref) == "n/a"
+    assert noise_verdict({"mean": 0.5, "std": 0.0, "n": 3}, {"mean": 0.5, "std": 0.0, "n": 3}) == "within noise"
+
+
+def _result(final, best, curve_vals, t=2.0, acc=None, ev=None):
+    curve = [{"step": 2 * i, "mean": v, "best": v + 0.1, "n": 2} for i, v in enumerate(curve_vals)]
+    return {"final_mean": final, "final_best": best, "fresh_responses": 96, "step_time_s": t,
+            "replay_acceptance": acc, "replay_token_share": None, "replay_kl_accepted": None,
+            "elite_token_share": None, "val_curve": curve, "val_n": 2, "eval": ev}
+
+
+ARMS = [{"name": "grpo_matched", "label": "GRPO b16"}, {"name": "headroom_drift", "label": "HD"}]
+
+
+def test_aggregate_table_and_files(tmp_path):
+    runs = {
+        "grpo_matched": {1: _result(0.2, 0.3, [0.1, 0.2]), 2: _result(0.4, 0.5, [0.1, 0.4])},
+        "headroom_drift": {1: _result(0.5, 0.6, [0.1, 0.5], acc=0.5), 2: _result(0.7, 0.8, [0.1, 0.7], acc=1.0)},
+    }
+    comp = aggregate("headroom_drift", ARMS, runs)
+    hd = comp["arms"][1]
+    assert hd["summary"]["final_mean"]["mean"] == pytest.approx(0.6)
+    assert hd["summary"]["final_mean"]["std"] == pytest.approx(math.sqrt(0.02))
+    assert hd["summary"]["replay_acceptance"]["mean"] == pytest.approx(0.75)
+    assert [p["mean"] for p in hd["curve_mean"]] == [pytest.approx(0.1), pytest.approx(0.6)]
+    # diff 0.3, se = sqrt(0.02/2 + 0.02/2) = 0.1414 -> 2 se = 0.283 < 0.3
+    assert hd["vs_reference"]["final_mean"] == "higher"
+    table = format_table(comp)
+    assert "| HD | 2 | 60.0 ± 14.1 |" in table and "Mean@2 (final)" in table
+    assert "- HD: Mean@2 (final): higher" in table
+    doc = {"profile": "tiny", "steps": {"headroom_drift": 2}, "comparisons": [comp]}
+    paths = write_outputs(tmp_path, doc)
+    assert json.loads(paths["json"].read_text())["comparisons"][0]["arms"][1]["name"] == "headroom_drift"
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "## headroom_drift" in paths["table"].read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["comparison.json", "curves.png", "table.md"]
+
+
+def test_elite_table_has_pass_at_k_and_strategies():
+    ev = {"pass@1": 0.25, "pass@4": 0.5, "distinct_strategies": 1.0}
+    runs = {"grpo": {1: _result(0.1, 0.2, [0.1], ev=ev)}}
+    comp = aggregate("elite", [{"name": "grpo", "label": "GRPO"}], runs)
+    assert comp["pass_k_max"] == 4
+    table = format_table(comp)
+    assert "pass@4" in table and "distinct correct strategies" in table and "| GRPO | 1 | 10.0 | 25.0 | 50.0 | 1.00 |" in table

@@ -1,0 +1,44 @@
+"""Running a plan's commands: records, skipping finished runs, failures, the time budget."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from verl_replay.compare.plan import Arm, Plan, RunSpec, tiny_profile
+from verl_replay.compare.runner import DONE_FILE, read_done, run_plan
+
+
+def _spec(tmp_path: Path, name: str, code: str) -> RunSpec:
+    arm = Arm("headroom_drift", name, name, "unused.sh")
+    return RunSpec(arm, 1, tmp_path / "runs" / name, tmp_path / "logs" / f"{name}.log", {"COMPARE_TEST": name},
+                   [sys.executable, "-c", code])
+
+
+def _plan(tmp_path: Path, runs: list[RunSpec]) -> Plan:
+    return Plan(profile=tiny_profile(), tau=0.06, out_dir=tmp_path, archive=None, search=None, runs=runs)
+
+
+def test_records_failures_and_skips_finished_runs(tmp_path):
+    ok = _spec(tmp_path, "ok", "import os; print('env', os.environ['COMPARE_TEST'])")
+    bad = _spec(tmp_path, "bad", "import sys; print('boom'); sys.exit(3)")
+    lines: list[str] = []
+    records = run_plan(_plan(tmp_path, [ok, bad]), say=lines.append)
+    assert records[ok.key]["returncode"] == 0 and read_done(ok.run_dir)["wall_s"] >= 0
+    assert records[bad.key]["returncode"] == 3 and read_done(bad.run_dir) is None
+    assert "boom" in bad.log_path.read_text() and "FAILED (exit 3" in lines[-1]
+    assert "env ok" in ok.log_path.read_text()  # the spec's environment reached the command
+    assert (ok.run_dir / DONE_FILE).is_file() and not (bad.run_dir / DONE_FILE).exists()
+    lines.clear()
+    again = run_plan(_plan(tmp_path, [ok, bad]), say=lines.append)
+    assert "done earlier" in lines[0] and again[bad.key]["returncode"] == 3  # only the failed one re-ran
+
+
+def test_time_budget_stops_starting_runs(tmp_path):
+    runs = [_spec(tmp_path, f"r{i}", "import time; time.sleep(0.4)") for i in range(3)]
+    lines: list[str] = []
+    records = run_plan(_plan(tmp_path, runs), say=lines.append, time_budget_s=0.6)
+    # after the first (~0.4 s): 0.4 spent + 0.4 expected > 0.6 -> the others are not started
+    assert records[runs[0].key]["returncode"] == 0
+    assert [records[r.key].get("skipped") for r in runs[1:]] == ["time budget", "time budget"]
+    assert sum("not started" in line for line in lines) == 2

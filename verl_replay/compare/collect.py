@@ -1,0 +1,154 @@
+"""What one finished run measured, read from the files it wrote (no verl import).
+
+* ``<run_dir>/metrics.jsonl`` (``{"step": N, "data": {...}}`` per line): verl's validation
+  metrics ``val-core/<data_source>/acc/mean@n`` and ``.../best@n/mean`` (verl's
+  ``process_validation_metrics``: best@n is the mean of bootstrapped best-of-n), ``timing_s/step``,
+  and the replay metrics (``replay/acceptance_rate``, ``replay/token_share``,
+  ``replay/elite/token_share``, ``replay/replay_kl_accepted/mean``);
+* ``<run_dir>/config.yaml``: fresh prompts per step and group size (fresh responses used);
+* ``<run_dir>/eval/results.json`` (``python -m verl_replay.eval``): pass@k and distinct correct
+  strategies, macro-averaged over benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = ["RunResultError", "read_metrics", "val_curve", "collect_run"]
+
+_MEAN = re.compile(r"^val-core/(?P<src>.+)/(?:acc|reward)/mean@(?P<n>\d+)$")
+_BEST = re.compile(r"^val-core/(?P<src>.+)/(?:acc|reward)/best@(?P<n>\d+)/mean$")
+
+
+class RunResultError(ValueError):
+    """A run's files are missing or not what a finished run writes."""
+
+
+def read_metrics(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """``(step, data)`` per line of a metrics.jsonl, in file order; a later line for the same
+    step (a resumed run) replaces the earlier one."""
+    if not path.is_file():
+        raise RunResultError(f"{path}: no metrics file (did the run start?)")
+    by_step: dict[int, dict[str, Any]] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step, data = int(record["step"]), record["data"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RunResultError(f"{path}:{number}: not a metrics line ({exc})") from None
+        if not isinstance(data, dict):
+            raise RunResultError(f"{path}:{number}: 'data' is not an object")
+        by_step[step] = data
+    return sorted(by_step.items())
+
+
+def _macro(data: dict[str, Any], pattern: re.Pattern[str]) -> Optional[tuple[float, int]]:
+    """Mean over data sources of the matching metric, and its n (all sources share one n)."""
+    values, ns = [], set()
+    for key, value in data.items():
+        match = pattern.match(key)
+        if match and isinstance(value, (int, float)) and math.isfinite(value):
+            values.append(float(value))
+            ns.add(int(match["n"]))
+    if not values:
+        return None
+    if len(ns) != 1:
+        raise RunResultError(f"validation metrics with different n {sorted(ns)}")
+    return sum(values) / len(values), ns.pop()
+
+
+def val_curve(metrics: list[tuple[int, dict[str, Any]]]) -> list[dict[str, float]]:
+    """``[{"step", "mean", "best", "n"}]`` for every step that ran verl's validation."""
+    curve = []
+    for step, data in metrics:
+        mean, best = _macro(data, _MEAN), _macro(data, _BEST)
+        if mean is None:
+            continue
+        point = {"step": step, "mean": mean[0], "n": mean[1]}
+        point["best"] = best[0] if best is not None else mean[0]  # n = 1: best@1 == mean@1
+        curve.append(point)
+    return curve
+
+
+def _avg(values: list[float]) -> Optional[float]:
+    values = [v for v in values if math.isfinite(v)]
+    return sum(values) / len(values) if values else None
+
+
+def _series(metrics: list[tuple[int, dict[str, Any]]], key: str, *, where: Optional[str] = None) -> list[float]:
+    out = []
+    for step, data in metrics:
+        if step < 1 or key not in data:
+            continue
+        if where is not None and not float(data.get(where, 0) or 0) > 0:
+            continue
+        out.append(float(data[key]))
+    return out
+
+
+def _config_sizes(run_dir: Path) -> tuple[int, int]:
+    import yaml  # PyYAML comes with hydra / omegaconf
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise RunResultError(f"{path}: missing (the run's resolved config)")
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        return int(config["data"]["train_batch_size"]), int(config["actor_rollout_ref"]["rollout"]["n"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RunResultError(f"{path}: no data.train_batch_size / actor_rollout_ref.rollout.n ({exc})") from None
+
+
+def _eval_metrics(run_dir: Path) -> Optional[dict[str, float]]:
+    path = run_dir / "eval" / "results.json"
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        macro = doc["averages"]["macro"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunResultError(f"{path}: not a verl_replay.eval results document ({exc})") from None
+    keep = {k: float(v) for k, v in macro.items()
+            if (k.startswith("pass@") or k in ("distinct_strategies", "mean@n", "best@n")) and v is not None}
+    return keep
+
+
+def collect_run(run_dir: Path, expected_steps: Optional[int] = None) -> dict[str, Any]:
+    """The numbers the comparison reports for one finished run."""
+    run_dir = Path(run_dir)
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    train_steps = [step for step, data in metrics if step >= 1 and "timing_s/step" in data]
+    if not train_steps:
+        raise RunResultError(f"{run_dir}/metrics.jsonl: no training step recorded")
+    if expected_steps is not None and max(train_steps) < expected_steps:
+        raise RunResultError(f"{run_dir}: stopped at step {max(train_steps)} of {expected_steps}")
+    prompts, group = _config_sizes(run_dir)
+    curve = val_curve(metrics)
+    if not curve:
+        raise RunResultError(f"{run_dir}/metrics.jsonl: no val-core/* metrics (trainer.test_freq off?)")
+    step_times = _series(metrics, "timing_s/step")
+    result: dict[str, Any] = {
+        "steps": max(train_steps),
+        "fresh_responses": prompts * group * len(train_steps),
+        "step_time_s": _avg(step_times),
+        # the first global step carries start-up work (first weight push, compilation of nothing
+        # on CPU but cold caches): reported separately so it does not dominate short runs
+        "step_time_s_after_first": _avg(step_times[1:]) if len(step_times) > 1 else None,
+        "val_curve": curve,
+        "final_mean": curve[-1]["mean"],
+        "final_best": curve[-1]["best"],
+        "val_n": curve[-1]["n"],
+        # over the steps that scanned / replayed anything (the first step has an empty buffer)
+        "replay_acceptance": _avg(_series(metrics, "replay/acceptance_rate", where="replay/scanned")),
+        "replay_token_share": _avg(_series(metrics, "replay/token_share", where="replay/candidates")),
+        "replay_kl_accepted": _avg(_series(metrics, "replay/replay_kl_accepted/mean", where="replay/accepted")),
+        "elite_token_share": _avg(_series(metrics, "replay/elite/token_share")),
+    }
+    result["eval"] = _eval_metrics(run_dir)
+    return result

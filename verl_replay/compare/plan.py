@@ -1,0 +1,261 @@
+"""The arms of the papers' two comparisons as recipe commands (no verl import, no side effects).
+
+Every arm is one recipe run (``recipes/*.sh`` -> ``python -m verl_replay.main``), so the
+comparison trains through the normal entry point; a seed changes the data order
+(``data.seed``), the rollout sampling seed (``actor_rollout_ref.rollout.seed``) and, for the
+archive arms, the archive sampler seed (``ELITE_SEED``).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+__all__ = [
+    "COMPARISONS",
+    "PROFILES",
+    "TARGET_REPLAY_KL",
+    "Arm",
+    "Plan",
+    "RunSpec",
+    "Profile",
+    "build_plan",
+    "tau_from_kl",
+    "tau_rule",
+]
+
+COMPARISONS = ("headroom_drift", "elite")
+PROFILES = ("tiny", "paper")
+
+# The paper's moderate gate: replay KL of the accepted groups near 0.002 (docs/headroom_drift.md).
+TARGET_REPLAY_KL = 0.002
+
+
+def tau_rule(target_kl: float = TARGET_REPLAY_KL) -> float:
+    """The documented a-priori gate: with the l2 drift norm, replay KL ~ D^2 / 2, so
+    tau = sqrt(2 * KL_target) (0.0632 for 0.002)."""
+    if not target_kl > 0:
+        raise ValueError(f"target replay KL must be > 0, got {target_kl}")
+    return math.sqrt(2.0 * target_kl)
+
+
+def tau_from_kl(tau: float, kl_seen: float, target_kl: float = TARGET_REPLAY_KL) -> float:
+    """The documented recalibration from a pilot run: tau_new = tau * sqrt(KL_target / KL_seen)."""
+    if not (tau > 0 and kl_seen > 0 and target_kl > 0):
+        raise ValueError(f"tau, KL seen and target KL must be > 0 (got {tau}, {kl_seen}, {target_kl})")
+    return tau * math.sqrt(target_kl / kl_seen)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm of a comparison: a recipe script plus the variables that make it this arm."""
+
+    comparison: str
+    name: str
+    label: str
+    recipe: str  # path relative to recipes/
+    env: dict[str, str] = field(default_factory=dict)
+    fresh_prompts: int = 0  # fresh prompts per global step (x group size = fresh responses)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes of a profile. ``steps`` / ``test_freq`` are per comparison (the recipes differ: math
+    500 / 50, SQL 100 / 25 at paper scale); ``prompts`` (G), ``mini_prompts``, ``group_size`` and
+    ``k_rep`` define the Headroom-Drift comparison's matching; the elite arms keep their recipe's
+    sizes."""
+
+    name: str
+    tiny: bool
+    steps: dict[str, int]
+    test_freq: dict[str, int]
+    val_n: int
+    group_size: int
+    prompts: int  # G: fresh prompts per global step of the matched arms
+    mini_prompts: int
+    k_rep: int
+    eval_n: int
+    eval_k: str
+    eval_limit: Optional[int]
+    math_eval: bool  # run the recipe's eval stage for the math arms too (paper: Mean@32 / Best@32)
+
+
+def tiny_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, val_n: Optional[int] = None) -> Profile:
+    steps, test_freq = steps or 6, test_freq or 2
+    return Profile(name="tiny", tiny=True, steps={c: steps for c in COMPARISONS},
+                   test_freq={c: test_freq for c in COMPARISONS}, val_n=val_n or 2, group_size=4,
+                   # G = 8 groups in 2 rounds of one 4-group optimiser step, K_rep = G / 2 like
+                   # b256 + r128; 1.5 G = 12 in 3 rounds. 4 prompts per round, not the recipe's 2:
+                   # a round whose rows all have one length crashes verl's own update on this
+                   # stack (see docs/comparison/README.md), and 2 tiny-math prompts x 4 short
+                   # answers often do
+                   prompts=8, mini_prompts=4, k_rep=4, eval_n=4, eval_k="1,2,4",
+                   eval_limit=1000,  # more than the tiny validation set: every question
+                   math_eval=False)
+
+
+def paper_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, val_n: Optional[int] = None) -> Profile:
+    # recipes/README.md: math b256 (32 x 8) + r128 (16 groups), 8 prompts per optimiser step, 500
+    # steps; SQL 128 x 8, 100 steps. Validation Mean@32 / Best@32, sampled.
+    return Profile(name="paper", tiny=False,
+                   steps={"headroom_drift": steps or 500, "elite": steps or 100},
+                   test_freq={"headroom_drift": test_freq or 50, "elite": test_freq or 25}, val_n=val_n or 32,
+                   group_size=8, prompts=32, mini_prompts=8, k_rep=16, eval_n=128,
+                   eval_k="1,2,4,8,16,32,64,128", eval_limit=None, math_eval=True)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One (arm, seed) run: the command, its extra environment, where it writes."""
+
+    arm: Arm
+    seed: int
+    run_dir: Path
+    log_path: Path
+    env: dict[str, str]
+    argv: list[str]
+
+    @property
+    def key(self) -> str:
+        return f"{self.arm.comparison}/{self.arm.name}/seed{self.seed}"
+
+    def shell(self) -> str:
+        """The command as one shell line (paste it to re-run this arm and seed by hand)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"env {env} {shlex.join(self.argv)}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    profile: Profile
+    tau: float
+    out_dir: Path
+    archive: Optional[Path]
+    search: Optional[RunSpec]  # the one archive search the elite arms share
+    runs: list[RunSpec]
+
+    def arms(self, comparison: str) -> list[Arm]:
+        seen: dict[str, Arm] = {}
+        for run in self.runs:
+            if run.arm.comparison == comparison:
+                seen.setdefault(run.arm.name, run.arm)
+        return list(seen.values())
+
+    @property
+    def comparisons(self) -> list[str]:
+        return [c for c in COMPARISONS if any(r.arm.comparison == c for r in self.runs)]
+
+
+def headroom_drift_arms(profile: Profile, tau: float) -> list[Arm]:
+    larger = (3 * profile.prompts) // 2  # 1.5 G fresh groups, optimiser steps of the same size
+    if 2 * larger != 3 * profile.prompts or larger % profile.mini_prompts:
+        raise ValueError(f"1.5 x {profile.prompts} prompts must be a whole multiple of {profile.mini_prompts}")
+    replay = {"K_REP": str(profile.k_rep)}
+    return [
+        Arm("headroom_drift", "grpo_matched", f"GRPO on-policy b{profile.prompts * profile.group_size}",
+            "baselines/grpo_onpolicy_b256.sh", {"TRAIN_PROMPTS": str(profile.prompts)}, profile.prompts),
+        Arm("headroom_drift", "grpo_larger", f"GRPO on-policy b{larger * profile.group_size}",
+            "baselines/grpo_onpolicy_b384.sh", {"TRAIN_PROMPTS": str(larger)}, larger),
+        Arm("headroom_drift", "naive", f"naive replay b{profile.prompts * profile.group_size}"
+            f"+r{profile.k_rep * profile.group_size}", "baselines/naive_replay.sh",
+            {"TRAIN_PROMPTS": str(profile.prompts), **replay}, profile.prompts),
+        Arm("headroom_drift", "headroom_drift", f"Headroom-Drift b{profile.prompts * profile.group_size}"
+            f"+r{profile.k_rep * profile.group_size} (tau {tau:.4f})", "headroom_drift_math.sh",
+            {"TRAIN_PROMPTS": str(profile.prompts), "TAU": f"{tau:.6g}", **replay}, profile.prompts),
+    ]
+
+
+def elite_arms(profile: Profile) -> list[Arm]:
+    prompts = None if not profile.tiny else profile.prompts  # paper: the recipe's 128 questions
+    env = {} if prompts is None else {"TRAIN_PROMPTS": str(prompts)}
+    fresh = prompts or 128
+    return [
+        Arm("elite", "grpo", "GRPO", "baselines/grpo_sql.sh", dict(env), fresh),
+        Arm("elite", "elite_iid", "IID archive replay", "baselines/iid_archive_replay.sh", dict(env), fresh),
+        Arm("elite", "elite", "EliteReplay", "elite_replay_qwen4b.sh", dict(env), fresh),
+    ]
+
+
+def _common_env(profile: Profile, comparison: str, python: str) -> dict[str, str]:
+    steps = profile.steps[comparison]
+    env = {
+        "PYTHON": python,
+        "TOTAL_STEPS": str(steps),
+        "TEST_FREQ": str(profile.test_freq[comparison]),
+        "VAL_N": str(profile.val_n),
+    }
+    if comparison == "headroom_drift":
+        env["PPO_MINI_PROMPTS"] = str(profile.mini_prompts)
+        env["GROUP_SIZE"] = str(profile.group_size)
+    if profile.tiny:
+        # one checkpoint, at the end (the evaluation's input); the preflight checks a GPU stack
+        env.update({"TINY": "1", "SAVE_FREQ": str(steps), "PREFLIGHT": "0"})
+    return env
+
+
+def build_plan(
+    *,
+    comparisons: Sequence[str],
+    profile: Profile,
+    seeds: Sequence[int],
+    out_dir: Path,
+    recipes_dir: Path,
+    python: str,
+    arms: Optional[Sequence[str]] = None,
+    tau: Optional[float] = None,
+) -> Plan:
+    """Every (arm, seed) run of the chosen comparisons, in run order: one comparison after the
+    other, seed-major within each (a partial run has whole seeds of every arm of a comparison)."""
+    unknown = [c for c in comparisons if c not in COMPARISONS]
+    if unknown or not comparisons:
+        raise ValueError(f"--comparison: expected some of {', '.join(COMPARISONS)}, got {list(comparisons)}")
+    if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+        raise ValueError(f"--seeds: expected distinct non-negative integers, got {list(seeds)}")
+    tau = tau_rule() if tau is None else tau
+    out_dir = Path(out_dir).absolute()
+    all_arms: list[Arm] = []
+    if "headroom_drift" in comparisons:
+        all_arms += headroom_drift_arms(profile, tau)
+    if "elite" in comparisons:
+        all_arms += elite_arms(profile)
+    if arms:
+        names = {a.name for a in all_arms}
+        missing = [a for a in arms if a not in names]
+        if missing:
+            raise ValueError(f"--arms: unknown arm(s) {missing}; the chosen comparisons have {sorted(names)}")
+        all_arms = [a for a in all_arms if a.name in arms]
+    archive = out_dir / "archive" / "elite_archive.parquet" if any(a.comparison == "elite" for a in all_arms) else None
+    search = None
+    if archive is not None and any(a.name != "grpo" for a in all_arms if a.comparison == "elite"):
+        search_env = {**_common_env(profile, "elite", python), "STAGES": "search", "ARCHIVE": str(archive), "STRATEGY": "elite",
+                      "OUTPUT_DIR": str(out_dir / "archive"), "RUN_DIR": str(out_dir / "archive" / "unused_run")}
+        search = RunSpec(Arm("elite", "search", "archive search", "elite_replay_qwen4b.sh"), 0,
+                         out_dir / "archive", out_dir / "logs" / "elite-search.log", search_env,
+                         ["bash", str(recipes_dir / "elite_replay_qwen4b.sh")])
+    runs = []
+    for arm, seed in ((arm, seed) for comparison in COMPARISONS for seed in seeds
+                      for arm in all_arms if arm.comparison == comparison):
+        run_dir = out_dir / "runs" / arm.comparison / arm.name / f"seed{seed}"
+        env = {**_common_env(profile, arm.comparison, python), **arm.env, "OUTPUT_DIR": str(run_dir.parent), "RUN_DIR": str(run_dir)}
+        # verl's validation at step 0 too (the curves' start)
+        overrides = [f"data.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}", "trainer.val_before_train=true"]
+        if arm.comparison == "elite":
+            # the SQL recipe validates greedily; sampled like the math recipe, for Mean@n / Best@n
+            overrides += ["actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+                          "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"]
+            env["STAGES"] = "train,eval"
+            env["EVAL_N"] = str(profile.eval_n)
+            env["EVAL_K"] = profile.eval_k
+            if profile.eval_limit is not None:
+                env["EVAL_LIMIT"] = str(profile.eval_limit)
+            if arm.name != "grpo":
+                env["ARCHIVE"] = str(archive)
+                env["ELITE_SEED"] = str(seed)
+        else:
+            env["STAGES"] = "train,eval" if profile.math_eval else "train"
+        runs.append(RunSpec(arm, seed, run_dir, out_dir / "logs" / f"{arm.comparison}-{arm.name}-seed{seed}.log",
+                            env, ["bash", str(recipes_dir / arm.recipe), *overrides]))
+    return Plan(profile=profile, tau=tau, out_dir=out_dir, archive=archive, search=search, runs=runs)

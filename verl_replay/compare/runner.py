@@ -1,0 +1,108 @@
+"""Run a plan's recipe commands one at a time (subprocesses), resumably.
+
+A finished run leaves ``<run_dir>/compare_run.json`` (its command, exit status and wall time);
+a rerun of the same comparison skips those runs, and a run that was interrupted is started
+again with the same ``RUN_DIR``, which the recipe resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from verl_replay._files import atomic_write_text
+from verl_replay.compare.plan import Plan, RunSpec
+
+__all__ = ["DONE_FILE", "read_done", "run_spec", "run_plan"]
+
+DONE_FILE = "compare_run.json"
+
+
+def read_done(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The record of a finished run, or None if the run has not finished successfully."""
+    path = Path(run_dir) / DONE_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and record.get("returncode") == 0 else None
+
+
+def run_spec(spec: RunSpec, *, done_path: Optional[Path] = None) -> dict[str, Any]:
+    """Run one recipe command with its environment, output to its log file; write the record."""
+    spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **spec.env}
+    start = time.monotonic()
+    with open(spec.log_path, "a", encoding="utf-8") as log:
+        log.write(f"[compare] {spec.shell()}\n")
+        log.flush()
+        proc = subprocess.run(spec.argv, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+    wall = time.monotonic() - start
+    record = {"key": spec.key, "command": spec.shell(), "returncode": proc.returncode, "wall_s": wall,
+              "log": str(spec.log_path)}
+    if proc.returncode == 0:
+        atomic_write_text(done_path or spec.run_dir / DONE_FILE, json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def _print(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_plan(plan: Plan, *, say: Callable[[str], None] = _print,
+             time_budget_s: Optional[float] = None) -> dict[str, dict[str, Any]]:
+    """Every run of the plan (the archive search first), skipping finished ones. Returns the
+    records by run key; failed runs are recorded and the rest still run. With a time budget, a
+    run is not started when the time spent plus the mean wall time of this session's runs so far
+    would exceed it (the runs left are recorded as not started; repeat the command to add them)."""
+    records: dict[str, dict[str, Any]] = {}
+    start = time.monotonic()
+    walls: list[float] = []
+    if plan.search is not None:
+        assert plan.archive is not None
+        manifest = plan.archive.with_name(plan.archive.name + ".manifest.json")
+        done = read_done(plan.archive.parent)
+        if done is not None and plan.archive.is_file() and manifest.is_file():
+            say(f"[compare] archive: {plan.archive} (built earlier, {done['wall_s']:.0f}s)")
+            records["elite/search"] = done
+        else:
+            say(f"[compare] archive search -> {plan.archive} (log {plan.search.log_path})")
+            record = run_spec(plan.search, done_path=plan.archive.parent / DONE_FILE)
+            records["elite/search"] = record
+            if record["returncode"] != 0:
+                say(f"[compare] archive search FAILED (exit {record['returncode']}): see {record['log']}")
+    total = len(plan.runs)
+    for index, spec in enumerate(plan.runs, 1):
+        done = read_done(spec.run_dir)
+        if done is not None:
+            say(f"[compare] {index}/{total} {spec.key}: done earlier ({done['wall_s']:.0f}s)")
+            records[spec.key] = done
+            continue
+        if spec.arm.comparison == "elite" and spec.arm.name != "grpo":
+            search = records.get("elite/search")
+            if search is None or search["returncode"] != 0:
+                records[spec.key] = {"key": spec.key, "command": spec.shell(), "returncode": None,
+                                     "wall_s": 0.0, "log": None, "skipped": "no archive"}
+                say(f"[compare] {index}/{total} {spec.key}: skipped (no archive)")
+                continue
+        if time_budget_s is not None and walls:
+            expected = time.monotonic() - start + sum(walls) / len(walls)
+            if expected > time_budget_s:
+                records[spec.key] = {"key": spec.key, "command": spec.shell(), "returncode": None,
+                                     "wall_s": 0.0, "log": None, "skipped": "time budget"}
+                say(f"[compare] {index}/{total} {spec.key}: not started (time budget {time_budget_s:.0f}s)")
+                continue
+        say(f"[compare] {index}/{total} {spec.key} ... (log {spec.log_path})")
+        record = run_spec(spec)
+        walls.append(record["wall_s"])
+        records[spec.key] = record
+        status = "ok" if record["returncode"] == 0 else f"FAILED (exit {record['returncode']}, see the log)"
+        say(f"[compare] {index}/{total} {spec.key}: {status} in {record['wall_s']:.0f}s")
+    return records
