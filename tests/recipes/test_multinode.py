@@ -31,6 +31,9 @@ import pytest
 
 from .test_recipes import RECIPES, REPO, run_recipe
 
+# what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
+E2E_SECONDS = 180
+
 pytestmark = [pytest.mark.multinode, pytest.mark.e2e]
 
 TOTAL_STEPS = 2

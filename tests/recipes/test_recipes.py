@@ -23,6 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+# what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
+E2E_SECONDS = 405
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
 DRY_RUN_OK = "verl_replay: dry run OK"

@@ -17,8 +17,28 @@ if _HERE not in sys.path:
 
 @pytest.fixture(scope="session")
 def tiny_archive(tmp_path_factory, tiny_assets):
-    """A frozen EliteReplay archive built by ``python -m verl_replay.elite.search`` on tiny SQL."""
-    out = tmp_path_factory.mktemp("archive") / "tiny_sql.parquet"
+    """A frozen EliteReplay archive built by ``python -m verl_replay.elite.search`` on tiny SQL,
+    once per test session: the xdist workers share it (built under a lock in their common temp dir)."""
+    import fcntl
+    import os
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's temp root, common to its workers
+    folder = shared / "tiny_archive"
+    folder.mkdir(exist_ok=True)
+    out = folder / "tiny_sql.parquet"
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "summary.json").exists():
+            summary = _search_archive(tiny_assets, out)
+            (folder / "summary.json").write_text(json.dumps(summary))
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["counts"]["insertions"] > 0, summary
+    return out
+
+
+def _search_archive(tiny_assets, out: Path) -> dict:
     command = [
         sys.executable, "-m", "verl_replay.elite.search",
         "--data", str(tiny_assets.sql_train), "--model", str(tiny_assets.sql_model_dir), "--out", str(out),
@@ -27,6 +47,4 @@ def tiny_archive(tmp_path_factory, tiny_assets):
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["counts"]["insertions"] > 0, summary
-    return out
+    return json.loads(result.stdout.strip().splitlines()[-1])

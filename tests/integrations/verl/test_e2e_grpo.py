@@ -22,6 +22,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+# what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
+E2E_SECONDS = 270
+
 pytestmark = pytest.mark.e2e
 
 REQUIRED_METRICS = ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "timing_s/step")

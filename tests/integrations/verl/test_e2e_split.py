@@ -20,6 +20,9 @@ from replay_audit import ELITE, read_audit
 from split_checks import SPLIT_OVERRIDES as SPLIT
 from split_checks import check_group_replay_run
 
+# what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
+E2E_SECONDS = 240
+
 pytestmark = pytest.mark.e2e
 
 
