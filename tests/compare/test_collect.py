@@ -46,6 +46,16 @@ def test_collect_run_hand_computed(tmp_path):
     assert r["eval"] is None and r["elite_token_share"] is None
 
 
+def test_naive_replay_has_no_replay_kl(tmp_path):
+    """Naive replay never scores its groups: no KL key in its metrics, None in the comparison."""
+    lines = [(1, {"timing_s/step": 2.0, "replay/scanned": 0, "replay/candidates": 0, "replay/acceptance_rate": 0.0,
+                  "replay/token_share": 0.0, "replay/accepted": 0}),
+             (2, {"timing_s/step": 2.0, "replay/scanned": 2, "replay/candidates": 2, "replay/acceptance_rate": 1.0,
+                  "replay/token_share": 0.25, "replay/accepted": 2, **_val(0.3, 0.5)})]
+    r = collect_run(_write_run(tmp_path, lines), expected_steps=2)
+    assert r["replay_kl_accepted"] is None and r["replay_token_share"] == pytest.approx(0.25)
+
+
 def test_macro_average_over_data_sources_and_eval(tmp_path):
     data = {**_val(0.2, 0.4, "a"), **_val(0.4, 0.8, "b"), "timing_s/step": 1.0}
     doc = {"averages": {"macro": {"pass@1": 0.25, "pass@4": 0.5, "distinct_strategies": 1.5, "mean@n": 0.25}}}

@@ -58,6 +58,18 @@ def test_same_seed_gives_same_bytes_in_two_roots(tiny, tmp_path):
         assert _sql_rows_relative(tiny.root / rel, tiny.root) == _sql_rows_relative(other.root / rel, other.root)
 
 
+def test_warm_starts_side_by_side_give_the_same_weights(tiny, tmp_path, monkeypatch):
+    """The default build trains its two models in spawned processes at once: the same bytes as
+    training them one after the other in the calling process (``tiny`` was built that way)."""
+    from verl_replay.data import tiny_assets
+
+    monkeypatch.setattr(tiny_assets, "SIDE_BY_SIDE_MIN_STEPS", 1)
+    spawned = build_tiny_assets(tmp_path / "spawned", seed=0, warm_start_steps=FAST)
+    for model in ("model/model.safetensors", "model_sql/model.safetensors"):
+        assert spawned.manifest()["files"][model] == tiny.manifest()["files"][model], model
+    assert spawned.manifest()["model"] == tiny.manifest()["model"]
+
+
 def test_other_seed_changes_data_and_weights(tiny, tmp_path):
     other = build_tiny_assets(tmp_path / "seed1", seed=1, warm_start_steps=FAST)
     assert other.manifest()["seed"] == 1

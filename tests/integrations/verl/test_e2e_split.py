@@ -5,6 +5,7 @@ One training worker and one rollout worker (the hf rollout server), weights push
 from outside the replay code where it can: the event log against the metrics, the rows the real
 update trained on (``replay.audit_dir``) against what verl itself put in the batch when those
 tokens were fresh, verl's own rollout dump against ``critic/score`` (``split_checks``).
+EliteReplay's term inside the update is checked against a separate forward pass of the model.
 Headroom-Drift alone is checked the same way on the recipe itself (``TINY=1 bash
 recipes/headroom_drift_math.sh``, tests/recipes/test_recipes.py).
 """
@@ -21,7 +22,7 @@ from split_checks import SPLIT_OVERRIDES as SPLIT
 from split_checks import check_group_replay_run
 
 # what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
-E2E_SECONDS = 240
+E2E_SECONDS = 330
 
 pytestmark = pytest.mark.e2e
 
@@ -35,11 +36,12 @@ def test_naive_replay_on_the_split_placement(run_main, tmp_path):
     check_group_replay_run(run.run_dir, run.metrics, audit, dump, steps=3, rollout_correction=False)
 
 
-def test_headroom_drift_and_elite_on_the_split_placement(run_main, tiny_archive, tmp_path):
+def test_headroom_drift_and_elite_on_the_split_placement(run_main, tiny_archive, tiny_assets, tmp_path):
     audit, dump = tmp_path / "audit", tmp_path / "rollouts"
     run = run_main(
         *SPLIT, "tiny_task=sql", "replay.strategy=headroom_drift+elite", f"replay.elite.archive={tiny_archive}",
-        "replay.elite.batch_size=4", "replay.k_rep=2", "replay.tau=1.0", "trainer.total_training_steps=3",
+        "replay.elite.batch_size=4", f"replay.elite.mu={ELITE_MU}", "replay.k_rep=2", "replay.tau=1.0",
+        "trainer.total_training_steps=3",
         f"replay.audit_dir={audit}", f"trainer.rollout_data_dir={dump}",
         "algorithm.rollout_correction.rollout_is=token", experiment="combined_split",
     )
@@ -50,4 +52,50 @@ def test_headroom_drift_and_elite_on_the_split_placement(run_main, tiny_archive,
     assert len(elite) == 4 * 3
     for row in elite:
         assert torch.all(row.advantage == 0) and row.is_weights is not None and torch.all(row.is_weights == 1.0)
+    for m in run.metrics:
+        assert m["replay/elite/question_spread"] <= 1 and m["replay/elite/cell_spread"] <= 1
+        assert m["replay/elite/nll"] > 0 and math.isfinite(m["replay/elite/token_share"])
+    check_elite_replay_term(audit, tiny_assets.sql_model_dir)
+
+
+ELITE_MU = 0.05
+
+
+def check_elite_replay_term(audit, model_dir) -> None:
+    """What the real update backpropagated, per micro-batch: exactly (1 - mu) GRPO + mu replay term,
+    the replay term normalised by the elite responses of the whole mini-batch, and on the first
+    optimiser step (the initial weights) each elite response's length-normalised NLL equal to a
+    separate forward pass of the model loaded from its checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    records = [torch.load(path) for path in sorted(audit.glob("*.pt"))]
+    elite_records = [r for r in records if "elite_row_nll" in r]
+    assert elite_records
+    by_step: dict[int, list[dict]] = {}
+    for record in elite_records:
+        by_step.setdefault(record["replay_optimizer_step"], []).append(record)
+        torch.testing.assert_close(
+            torch.tensor(record["loss"]),
+            torch.tensor((1 - ELITE_MU) * record["grpo_loss"] + ELITE_MU * record["replay_term"]),
+        )
+        torch.testing.assert_close(
+            torch.tensor(record["replay_term"]),
+            record["elite_row_nll"].sum() * record["dp_size"] / record["elite_rows_global"],
+        )
+    for step_records in by_step.values():
+        assert sum(len(r["elite_row_nll"]) for r in step_records) == step_records[0]["elite_rows_global"]
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    checked = 0
+    for record in by_step[min(by_step)]:
+        elite_rows = (record["replay_source"] == ELITE).nonzero().flatten().tolist()
+        for position, row in enumerate(elite_rows):
+            valid = int(record["response_mask"][row].sum())
+            response = record["responses"][row][:valid]
+            prompt = record["prompts"][row]
+            with torch.no_grad():
+                logits = model(torch.cat([prompt, response])[None]).logits[0, prompt.numel() - 1 : -1].float()
+            nll = -torch.log_softmax(logits, dim=-1).gather(-1, response[:, None]).mean()
+            torch.testing.assert_close(record["elite_row_nll"][position], nll, rtol=1e-4, atol=1e-5)
+            checked += 1
+    assert checked > 0
 
