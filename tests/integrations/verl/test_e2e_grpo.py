@@ -1,5 +1,7 @@
 """verl's real GRPO loop on CPU through ``python -m verl_replay.main`` (replay.strategy=none).
 
+The run is the tiny text-to-SQL task with its defaults (``tiny_task=sql``): its responses fit the
+gold queries and some answers are right, so groups disagree and the policy gradient is not zero.
 ``replay.strategy=none`` is verl's own GRPO: the run is repeated with verl's own entry point
 (``python -m verl.trainer.main_ppo``) on the same config, composed once through our Hydra config
 (cpu_tiny profile), resolved, and given to verl without our keys; both must log the same metrics.
@@ -23,7 +25,7 @@ import yaml
 from safetensors.torch import load_file
 
 # what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
-E2E_SECONDS = 270
+E2E_SECONDS = 200
 
 pytestmark = pytest.mark.e2e
 
@@ -99,6 +101,7 @@ def check_console(run, steps: int) -> None:
 def test_grpo_loop_runs_updates_the_actor_and_matches_verls_own(run_main, tiny_assets, tmp_path):
     probe_path = tmp_path / "fresh_rows.json"
     overrides = (
+        "tiny_task=sql",
         "trainer.total_training_steps=3",
         "trainer.save_freq=3",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
@@ -107,7 +110,7 @@ def test_grpo_loop_runs_updates_the_actor_and_matches_verls_own(run_main, tiny_a
         "trainer.v1.sampler.custom_sampler.name=FreshRowProbe",
         f"+trainer.v1.sampler.sampler_kwargs.row_probe_path={probe_path}",
     )
-    run = run_main(*overrides, "replay.strategy=none", experiment="grpo")
+    run = run_main(*overrides, "replay.strategy=none", experiment="grpo")  # the defaults of tiny_task=sql
     _check_fresh_rows_carry_mrope_position_ids(json.loads(probe_path.read_text()))
     check_console(run, steps=3)
     # its own folder, named after the experiment; nothing written outside outputs/
@@ -126,8 +129,9 @@ def test_grpo_loop_runs_updates_the_actor_and_matches_verls_own(run_main, tiny_a
         # rollout (hf server) and actor (FSDP2) log-probs of the same tokens agree
         assert step["training/rollout_probs_diff_max"] < 1e-3
     assert any(step["actor/grad_norm"] > 0 for step in metrics)
+    check_tiny_sql_signal(metrics)
 
-    before = load_file(str(tiny_assets.model_dir / "model.safetensors"))
+    before = load_file(str(tiny_assets.sql_model_dir / "model.safetensors"))
     after = load_file(str(run.run_dir / "checkpoints" / "global_step_3" / "actor" / "huggingface" / "model.safetensors"))
     assert set(after) <= set(before) | {"lm_head.weight"}
     changed = [name for name in after if name in before and not torch.equal(before[name], after[name])]
@@ -143,13 +147,12 @@ def test_grpo_loop_runs_updates_the_actor_and_matches_verls_own(run_main, tiny_a
             assert math.isclose(mine[key], verls[key], rel_tol=1e-5, abs_tol=1e-7), (key, mine[key], verls[key])
 
 
-def test_tiny_sql_run_learns(run_main):
-    """``python -m verl_replay.main tiny_task=sql`` with its defaults: responses fit the gold
-    queries, some answers are right, so groups disagree and the policy gradient is not zero."""
-    metrics = run_main("tiny_task=sql", experiment="sql").metrics
+def check_tiny_sql_signal(metrics: list[dict]) -> None:
+    """The tiny SQL run's defaults give GRPO a signal: responses fit the gold queries, some answers
+    are right, so groups disagree and the policy gradient is not zero. (That its reward *rises* over
+    3 steps is not asserted: on this 0.2M-parameter model the gain of a few GRPO steps was measured
+    below the sampling noise, ~0.02 in accuracy, at every learning rate that does not collapse it.)"""
     assert len(metrics) == 3
     assert max(step["response_length/max"] for step in metrics) <= 96
     assert max(step["critic/score/mean"] for step in metrics) > 0, [step["critic/score/mean"] for step in metrics]
     assert sum(step["actor/grad_norm"] for step in metrics) > 0
-    assert all(step["training/rollout_probs_diff_max"] < 1e-3 for step in metrics)
-
