@@ -19,17 +19,16 @@ if _HERE not in sys.path:
 def tiny_archive(tmp_path_factory, tiny_assets):
     """A frozen EliteReplay archive built by ``python -m verl_replay.elite.search`` on tiny SQL,
     once per test session: the xdist workers share it (built under a lock in their common temp dir)."""
-    import fcntl
     import os
+
+    from verl_replay.data.tiny_assets import _exclusive_lock
 
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # the session's temp root, common to its workers
     folder = shared / "tiny_archive"
-    folder.mkdir(exist_ok=True)
     out = folder / "tiny_sql.parquet"
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _exclusive_lock(folder / ".lock"):  # the tiny assets' own build lock (it makes the folder)
         if not (folder / "summary.json").exists():
             summary = _search_archive(tiny_assets, out)
             (folder / "summary.json").write_text(json.dumps(summary))

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from replay_audit import GROUP_REPLAY, first_fresh_occurrences, read_audit
+from verl_replay.compare.collect import read_metrics
 from verl_replay.headroom_drift.buffer import HeadroomDriftBuffer
 from verl_replay.headroom_drift.events import read_events
 
@@ -88,12 +89,6 @@ def kill_after_checkpoint(process, latest_file, timeout_s: float = 900.0) -> int
     return target
 
 
-def _metrics_file(path) -> list[dict]:
-    import json
-
-    return [json.loads(line)["data"] for line in path.read_text().splitlines() if line.strip()]
-
-
 def _process(pid):
     import psutil
 
@@ -162,8 +157,7 @@ def test_headroom_drift_replay_end_to_end(run_main, spawn_main, tmp_path):
     assert [m["training/global_step"] for m in second.metrics] == list(range(killed_after + 1, 7))
     # The killed run's metrics were kept aside (metrics.1.jsonl): the steps before its checkpoint
     # (verl marks the checkpoint before it logs that step, so the checkpointed step may be missing).
-    recomputed = {m["training/global_step"]: m for m in _metrics_file(crashed_dir / "metrics.1.jsonl")
-                  if m["training/global_step"] < killed_after}
+    recomputed = {step: data for step, data in read_metrics(crashed_dir / "metrics.1.jsonl") if step < killed_after}
     assert sorted(recomputed) == list(range(1, killed_after))
     recomputed.update((m["training/global_step"], m) for m in second.metrics)
     assert sum(recomputed[step]["replay/accepted"] for step in recomputed) > 0  # replayed rows in the compared steps
