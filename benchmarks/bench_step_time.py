@@ -3,7 +3,7 @@
 
     python benchmarks/bench_step_time.py [--quick] [--out DIR] [--steps 12] [--warmup 3]
                                          [--fresh-groups 8] [--mini-groups 2] [--group-size 4]
-                                         [--task sql] [--response-length 96]
+                                         [--task sql] [--response-length 96] [--max-num-seqs 4]
                                          [--arms matched,larger,headroom_drift,naive]
                                          [--set KEY=VALUE ...]
 
@@ -21,6 +21,13 @@ per global step and optimiser steps of M groups:
 
 The replay arms split the global step into the rounds the recipes choose (``replay_rounds`` in
 ``recipes/common.sh``); replayed groups add optimiser steps of M groups.
+
+Generation-realistic: at scale a rollout engine is throughput-bound, so 1.5x the rollouts cost
+about 1.5x the generation time; that cost is what replay saves. The tiny model on CPU is not: one
+batch of 48 rows decodes about as fast as one of 32. ``--max-num-seqs`` (default 4) sets verl's
+``rollout.max_num_seqs``, which the hf rollout reads as vLLM does, the most sequences decoded at
+once, so the rollouts of a step are generated in waves and generation time grows with their
+number. The report prints the share of the on-policy step the trainer waits on generation.
 
 From each run's ``metrics.jsonl`` the first ``--warmup`` global steps are dropped (Ray and model
 warm-up; the replay buffer is empty at step 1) and the median over the remaining steps is taken of
@@ -49,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +100,7 @@ class Settings:
     # groups through: HD pays its full cost (scan + K replayed groups trained every step).
     tau: float = 1.0
     scan_chunk_groups: int = 16
+    max_num_seqs: int | None = 4  # rollout.max_num_seqs (None: verl's default, every request at once)
     extra: tuple[str, ...] = ()  # Hydra overrides for every arm
 
     @property
@@ -138,6 +146,8 @@ def validate(settings: Settings, arms: list[str]) -> None:
     if settings.warmup < 0 or settings.steps <= settings.warmup:
         raise SystemExit(f"--steps ({settings.steps}) must exceed --warmup ({settings.warmup}): "
                          "the medians need steady-state steps")
+    if settings.max_num_seqs is not None and settings.max_num_seqs < 1:
+        raise SystemExit(f"--max-num-seqs ({settings.max_num_seqs}) must be >= 1, or 0 for verl's default")
     for item in settings.extra:
         if "=" not in item:
             raise SystemExit(f"--set {item!r}: expected KEY=VALUE (a Hydra override)")
@@ -188,6 +198,7 @@ def common_overrides(s: Settings) -> list[str]:
         "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_gloo",
         f"actor_rollout_ref.rollout.n={s.group_size}",
         f"data.max_response_length={s.response_length}",
+        *([f"actor_rollout_ref.rollout.max_num_seqs={s.max_num_seqs}"] if s.max_num_seqs else []),
         f"trainer.total_training_steps={s.steps}",
         "trainer.save_freq=-1",
         "trainer.test_freq=-1",
@@ -341,18 +352,23 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, list[str], Path | None
     parser.add_argument("--task", choices=("sql", "math"), help="tiny task (default sql)")
     parser.add_argument("--response-length", type=int, help="data.max_response_length (default 96: tiny sql's cap)")
     parser.add_argument("--tau", type=float, help="Headroom-Drift gate (default 1.0, see Settings.tau)")
+    parser.add_argument("--max-num-seqs", type=int,
+                        help="rollout.max_num_seqs: sequences decoded at once (default 4; 0: verl's default)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override for every arm (repeatable)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per arm before it is killed")
     args = parser.parse_args(argv)
-    base = Settings(fresh_groups=4, steps=3, warmup=1, scan_chunk_groups=16) if args.quick else Settings()
+    base = (Settings(fresh_groups=4, steps=3, warmup=1, scan_chunk_groups=16, max_num_seqs=None) if args.quick
+            else Settings())
     given = {
         "fresh_groups": args.fresh_groups, "mini_groups": args.mini_groups, "group_size": args.group_size,
         "task": args.task, "response_length": args.response_length, "steps": args.steps, "warmup": args.warmup,
-        "tau": args.tau,
+        "tau": args.tau, "max_num_seqs": args.max_num_seqs,
     }
     settings = Settings(**{**asdict(base), **{k: v for k, v in given.items() if v is not None},
                            "extra": tuple(args.set)})
+    if settings.max_num_seqs == 0:
+        settings = replace(settings, max_num_seqs=None)
     default_arms = "matched,headroom_drift" if args.quick else ",".join(ARMS)
     arms = [a.strip() for a in (args.arms or default_arms).split(",") if a.strip()]
     return settings, arms, args.out, args.timeout

@@ -68,6 +68,20 @@ def test_bad_settings_are_refused_with_the_option_named():
         bench.validate(bench.Settings(steps=3, warmup=3), ["matched"])
     with pytest.raises(SystemExit, match="unknown arm"):
         bench.validate(bench.Settings(), ["grpo"])
+    with pytest.raises(SystemExit, match="--max-num-seqs"):
+        bench.validate(bench.Settings(max_num_seqs=-1), ["matched"])
+
+
+def test_rollouts_are_generated_in_waves_of_max_num_seqs_unless_asked_otherwise():
+    settings, _, _, _ = bench.parse_args([])
+    assert settings.max_num_seqs == 4
+    assert "actor_rollout_ref.rollout.max_num_seqs=4" in bench.common_overrides(settings)
+    for argv in (["--max-num-seqs", "0"], ["--quick"]):  # verl's default: every request in one batch
+        settings, _, _, _ = bench.parse_args(argv)
+        assert settings.max_num_seqs is None
+        assert not any("max_num_seqs" in o for o in bench.common_overrides(settings))
+    settings, _, _, _ = bench.parse_args(["--max-num-seqs", "8"])
+    assert "actor_rollout_ref.rollout.max_num_seqs=8" in bench.common_overrides(settings)
 
 
 def test_steady_medians_skip_the_warmup_steps():

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from verl_replay.integrations.verl.hf_rollout import (
+    DEFAULT_MAX_NUM_SEQS,
     HFRolloutServer,
     SeededSampler,
+    concurrent_sequences,
     filter_top_k_top_p,
     request_seed,
 )
@@ -157,3 +160,32 @@ def test_load_weights_changes_the_model_and_rejects_mismatches(server):
     server.load_weights(state)
     with pytest.raises(RuntimeError, match="unexpected"):
         server.load_weights({**state, "not.a.weight": torch.zeros(1)})
+
+
+def test_batches_hold_at_most_max_num_seqs_rows(server, monkeypatch):
+    """``rollout.max_num_seqs`` caps the rows decoded together, as in vLLM: 5 requests with a cap of
+    2 are generated as batches of 2, 2 and 1, and the samples are those of one unbounded batch."""
+    from verl.workers.config import RolloutConfig
+
+    assert concurrent_sequences(RolloutConfig(name="hf", max_num_seqs=3, tensor_model_parallel_size=1)) == 3
+    assert concurrent_sequences(SimpleNamespace()) == DEFAULT_MAX_NUM_SEQS
+    with pytest.raises(ValueError, match="max_num_seqs=0"):
+        concurrent_sequences(SimpleNamespace(max_num_seqs=0))
+
+    prompts = [_prompt(server, f"What is {i} + 2?") for i in range(5)]
+    asyncio.run(server.set_global_steps(11))
+    unbounded = _generate_all(server, prompts)
+    sizes: list[int] = []
+    generate_batch = server._generate_batch
+
+    def recording(requests):
+        sizes.append(len(requests))
+        return generate_batch(requests)
+
+    monkeypatch.setattr(server, "_generate_batch", recording)
+    monkeypatch.setattr(server, "max_batch_size", 2)
+    asyncio.run(server.set_global_steps(12))
+    asyncio.run(server.set_global_steps(11))  # the same weight version: the same request seeds
+    capped = _generate_all(server, prompts)
+    assert sizes == [2, 2, 1]
+    assert [o.token_ids for o in capped] == [o.token_ids for o in unbounded]

@@ -37,6 +37,8 @@ logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 HF_ROLLOUT_NAME = "hf"
 # Requests arriving within this window are generated in one batch.
 BATCH_WINDOW_S = 0.02
+# verl's RolloutConfig.max_num_seqs default, for configs that do not carry the key
+DEFAULT_MAX_NUM_SEQS = 1024
 
 
 def request_seed(base_seed: int, weight_version: Optional[int], prompt_ids: list[int], occurrence: int) -> int:
@@ -94,6 +96,18 @@ class SeededSampler:
         return one_hot.scatter(-1, chosen[:, None], 0.0)
 
 
+def concurrent_sequences(config: Any) -> int:
+    """Rows generated together: verl's ``rollout.max_num_seqs``, which vLLM reads as the most
+    sequences it decodes at once. Requests beyond it wait for the next batch, so generation time
+    grows with the number of rollouts as it does on a throughput-bound engine."""
+    value = getattr(config, "max_num_seqs", None)
+    if value is None:
+        return DEFAULT_MAX_NUM_SEQS
+    if int(value) < 1:
+        raise ValueError(f"actor_rollout_ref.rollout.max_num_seqs={value}: the hf rollout needs >= 1 sequence per batch")
+    return int(value)
+
+
 @dataclass
 class _Request:
     prompt_ids: list[int]
@@ -112,7 +126,7 @@ class _Request:
 class HFRolloutServer:
     """Ray actor holding a transformers copy of the policy; verl's rollout server interface."""
 
-    def __init__(self, config: Any, model_config: Any, replica_rank: int, max_batch_size: int = 64) -> None:
+    def __init__(self, config: Any, model_config: Any, replica_rank: int, max_batch_size: Optional[int] = None) -> None:
         from verl.utils.config import omega_conf_to_dataclass
         from verl.utils.model import get_hf_auto_model_class
         from verl.workers.config import HFModelConfig
@@ -121,7 +135,7 @@ class HFRolloutServer:
         model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.config = config
         self.replica_rank = replica_rank
-        self.max_batch_size = max_batch_size
+        self.max_batch_size = max_batch_size or concurrent_sequences(config)
         self.global_steps: Optional[int] = None
         self.base_seed = int(getattr(config, "seed", 0) or 0) + replica_rank
         override = dict(getattr(model_config, "override_config", {}) or {})
