@@ -242,12 +242,16 @@ class GroupReplayStream(ReplayStream):
     # ------------------------------------------------------------------ 3. stored anchor and advantages
 
     def after_old_log_probs(self, partition_id: str, *, rollout_correction: bool, forwarded: bool = True) -> None:
-        """Replayed rows: ``old_log_probs`` (and rollout log-probs) are the stored l_gen."""
+        """Replayed rows: ``old_log_probs`` (and rollout log-probs) are the stored l_gen. Left out
+        of the forward (``forwarded=False``), they get their ``entropy`` placeholder (zeros) in the
+        same write: every row must carry every field, and one write per round is enough."""
         if not self._replayed:
             return
         keys = list(self._replayed)
         anchors = self._per_row(lambda group: group.gen_log_probs)
         fields = {"old_log_probs": nested(anchors)}
+        if not forwarded:
+            fields["entropy"] = nested([torch.zeros(a.shape, dtype=torch.float32) for a in anchors])
         if rollout_correction:
             fields["rollout_log_probs"] = nested([a.clone() for a in anchors])
         tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=TensorDict(fields, batch_size=len(keys)))

@@ -107,6 +107,7 @@ class ReplayTrainerMixin:
         self._mini_batch_groups: Optional[int] = None
         self._padded_rows = 0
         self._totals = _StepTotals()
+        self._row_template: Optional[dict[str, Any]] = None  # a fresh row of this global step
 
     @property
     def _replay_active(self) -> bool:
@@ -304,7 +305,10 @@ class ReplayTrainerMixin:
         fresh_keys = [key for key, tag in zip(batch.keys, batch.tags) if is_fresh(tag)]
         fresh_groups = len({key.rsplit("_", 2)[0] for key in fresh_keys})
         self._mark_fresh_rows(batch)
-        template = split_rows(tq.kv_batch_get(keys=fresh_keys[:1], partition_id=batch.partition_id), 1)[0]
+        if round_index == 0 or self._row_template is None:
+            # the rounds of a global step come from one rollout pipeline: one layout, one fetch
+            self._row_template = split_rows(tq.kv_batch_get(keys=fresh_keys[:1], partition_id=batch.partition_id), 1)[0]
+        template = self._row_template
         added_groups = extra_rows = 0
         for stream in self._streams:
             batch, groups, rows = stream.inject(round_index, batch, template)
@@ -376,7 +380,9 @@ class ReplayTrainerMixin:
             super()._compute_old_log_prob(forward, metrics)
         with self._totals.timed():
             if forward is not batch:
-                self._fill_skipped_rows(batch, forward, ("old_log_probs", "entropy"))
+                # replayed rows get their stored anchor (and entropy zeros) in the group stream's own write
+                covered = set(self.group_replay.replayed_keys) if self.group_replay is not None else set()
+                self._fill_skipped_rows(batch, forward, ("old_log_probs", "entropy"), covered=covered)
             for stream in self._streams:
                 stream.after_old_log_probs(batch.partition_id, rollout_correction=self._rollout_correction_on(),
                                            forwarded=forward is batch)
@@ -392,7 +398,8 @@ class ReplayTrainerMixin:
             super()._compute_ref_log_prob(forward, metrics)
         with self._totals.timed():
             if forward is not batch:
-                self._fill_skipped_rows(batch, forward, ("ref_log_prob",))
+                covered = set(self.group_replay.replayed_keys) if self.group_replay is not None else set()
+                self._fill_skipped_rows(batch, forward, ("ref_log_prob",), covered=covered)
             for stream in self._streams:
                 stream.after_ref_log_probs(batch.partition_id)
         return batch
@@ -417,11 +424,14 @@ class ReplayTrainerMixin:
                            partition_id=batch.partition_id, extra_info=batch.extra_info)
 
     @staticmethod
-    def _fill_skipped_rows(batch: KVBatchMeta, forward: KVBatchMeta, fields: tuple[str, ...]) -> None:
+    def _fill_skipped_rows(
+        batch: KVBatchMeta, forward: KVBatchMeta, fields: tuple[str, ...], covered: frozenset[str] | set[str] = frozenset()
+    ) -> None:
         """Zeros of each row's response length for the rows left out of a forward: every row must
         carry every field (TransferQueue drops a field that some rows lack). The replay streams then
-        write what those rows keep (the stored anchor, the stored reference log-probs)."""
-        computed = set(forward.keys)
+        write what those rows keep (the stored anchor, the stored reference log-probs); rows in
+        ``covered`` get all of ``fields`` from a stream's write, so they are left to it."""
+        computed = set(forward.keys) | set(covered)
         skipped = [(key, tag) for key, tag in zip(batch.keys, batch.tags) if key not in computed]
         if not skipped:
             return
