@@ -4,6 +4,7 @@
     python benchmarks/bench_step_time.py [--quick] [--out DIR] [--steps 12] [--warmup 3]
                                          [--fresh-groups 8] [--mini-groups 2] [--group-size 4]
                                          [--task sql] [--response-length 96] [--max-num-seqs 4]
+                                         [--no-probe]
                                          [--arms matched,larger,headroom_drift,naive]
                                          [--set KEY=VALUE ...]
 
@@ -27,7 +28,10 @@ about 1.5x the generation time; that cost is what replay saves. The tiny model o
 batch of 48 rows decodes about as fast as one of 32. ``--max-num-seqs`` (default 4) sets verl's
 ``rollout.max_num_seqs``, which the hf rollout reads as vLLM does, the most sequences decoded at
 once, so the rollouts of a step are generated in waves and generation time grows with their
-number. The report prints the share of the on-policy step the trainer waits on generation.
+number. In the split placement generation overlaps training, so the runs' ``timing_s/gen`` is only
+the trainer's wait; before the arms, a probe (``--no-probe`` skips it) times the hf rollout alone,
+on one thread, generating each on-policy arm's fresh rollouts, and prints that as a share of the
+arm's median step: the setting is generation-realistic when it is at least half.
 
 From each run's ``metrics.jsonl`` the first ``--warmup`` global steps are dropped (Ray and model
 warm-up; the replay buffer is empty at step 1) and the median over the remaining steps is taken of
@@ -101,6 +105,7 @@ class Settings:
     tau: float = 1.0
     scan_chunk_groups: int = 16
     max_num_seqs: int | None = 4  # rollout.max_num_seqs (None: verl's default, every request at once)
+    probe: bool = True  # time generation alone first (generation_probe)
     extra: tuple[str, ...] = ()  # Hydra overrides for every arm
 
     @property
@@ -270,6 +275,58 @@ def run_arm(arm: Arm, s: Settings, out: Path, timeout_s: int) -> dict[str, Any]:
     }
 
 
+def generation_probe(s: Settings, arms: list[Arm]) -> dict[str, Any]:
+    """Seconds the hf rollout takes to generate each arm's fresh rollouts, alone in this process on
+    one thread (as in its Ray actor), with the arms' sampling settings and ``max_num_seqs``.
+
+    In the split placement generation overlaps training, so the runs' ``timing_s/gen`` only shows
+    the trainer's wait; this measures generation itself, to say whether the setting is
+    generation-realistic (generation at least half of the on-policy step)."""
+    import asyncio
+
+    import pandas as pd
+    import torch
+    from verl.workers.config import HFModelConfig, RolloutConfig
+
+    from verl_replay.data.tiny_assets import build_tiny_assets
+    from verl_replay.integrations.verl.hf_rollout import HFRolloutServer
+    from verl_replay.integrations.verl.vl_processor import allow_vl_processor_without_torchvision
+
+    assets = build_tiny_assets()
+    model_dir, train = ((assets.sql_model_dir, assets.sql_train) if s.task == "sql"
+                        else (assets.model_dir, assets.math_train))
+    allow_vl_processor_without_torchvision()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        config = RolloutConfig(name="hf", prompt_length=256, response_length=s.response_length,
+                               tensor_model_parallel_size=1, max_num_seqs=s.max_num_seqs or 1024)
+        server = HFRolloutServer(config=config, model_config=HFModelConfig(path=str(model_dir)), replica_rank=0)
+        tokenizer = server.model_config_tokenizer
+        messages = [list(m) for m in pd.read_parquet(train)["prompt"]]
+        prompts = [tokenizer.apply_chat_template([dict(x) for x in m], add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False) for m in messages]
+        params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+        async def generate_all(requests: list[list[int]]) -> list[Any]:
+            return await asyncio.gather(*[server.generate(prompt_ids=r, sampling_params=dict(params), request_id=str(i))
+                                          for i, r in enumerate(requests)])
+
+        seconds, tokens = {}, {}
+        for arm in arms:
+            if arm.name not in ("matched", "larger"):
+                continue
+            requests = [prompts[i % len(prompts)] for i in range(arm.prompts) for _ in range(s.group_size)]
+            asyncio.run(server.set_global_steps(1))
+            started = time.perf_counter()
+            outputs = asyncio.run(generate_all(requests))
+            seconds[arm.name] = time.perf_counter() - started
+            tokens[arm.name] = sum(len(o.token_ids) for o in outputs)
+    finally:
+        torch.set_num_threads(threads)
+    return {"max_num_seqs": s.max_num_seqs, "threads": 1, "seconds": seconds, "response_tokens": tokens}
+
+
 def stop(process: subprocess.Popen) -> None:
     """Interrupt a run the way Ctrl-C does, so it stops its Ray cluster; kill it if it hangs."""
     if process.poll() is None:
@@ -284,10 +341,13 @@ def _terminate(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM (e.g. `timeout`): stop the running arm cleanly
 
 
-def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def summarize(results: dict[str, dict[str, Any]], probe: dict[str, Any] | None = None) -> dict[str, Any]:
     step = {name: r["medians"]["timing_s/step"] for name, r in results.items()}
     ratios = {f"{a}/{b}": step[a] / step[b] for a, b in RATIOS if a in step and b in step}
     summary: dict[str, Any] = {"median_step_seconds": step, "ratios": ratios}
+    if probe is not None:
+        summary["generation_probe"] = dict(probe, share_of_step={
+            name: seconds / step[name] for name, seconds in probe["seconds"].items() if name in step})
     onpolicy = next((n for n in ("matched", "larger") if n in results), None)
     if onpolicy is not None:
         med = results[onpolicy]["medians"]
@@ -320,6 +380,10 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
 
 def format_summary(summary: dict[str, Any]) -> str:
     lines = [f"{name} {value:.3f}" for name, value in summary["ratios"].items()]
+    for name, share in summary.get("generation_probe", {}).get("share_of_step", {}).items():
+        probe = summary["generation_probe"]
+        lines.append(f"generation alone (probe, max_num_seqs={probe['max_num_seqs']}): {probe['seconds'][name]:.2f} s "
+                     f"for the {name} rollouts = {100 * share:.0f}% of the {name} step")
     if "generation_wait_share" in summary:
         g = summary["generation_wait_share"]
         lines.append(f"trainer waiting on generation: {100 * g['share']:.1f}% of the {g['arm']} step")
@@ -357,6 +421,8 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, list[str], Path | None
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override for every arm (repeatable)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per arm before it is killed")
+    parser.add_argument("--probe", action=argparse.BooleanOptionalAction, default=None,
+                        help="time generation alone before the arms (default: on, off with --quick)")
     args = parser.parse_args(argv)
     base = (Settings(fresh_groups=4, steps=3, warmup=1, scan_chunk_groups=16, max_num_seqs=None) if args.quick
             else Settings())
@@ -371,6 +437,10 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, list[str], Path | None
         settings = replace(settings, max_num_seqs=None)
     default_arms = "matched,headroom_drift" if args.quick else ",".join(ARMS)
     arms = [a.strip() for a in (args.arms or default_arms).split(",") if a.strip()]
+    if args.probe is not None:
+        settings = replace(settings, probe=args.probe)
+    elif args.quick:
+        settings = replace(settings, probe=False)
     return settings, arms, args.out, args.timeout
 
 
@@ -389,12 +459,17 @@ def main(argv: list[str] | None = None) -> int:
           f"max_response_length={settings.response_length}; load {load_before}; output {out}", flush=True)
     results: dict[str, dict[str, Any]] = {}
     path = out / "report.json"
+    probe = None
+    if settings.probe and any(arm.name in ("matched", "larger") for arm in arms):
+        probe = generation_probe(settings, arms)
+        print("[bench] generation alone (probe): " + ", ".join(
+            f"{name} {seconds:.2f} s" for name, seconds in probe["seconds"].items()), flush=True)
 
     def write_report() -> dict[str, Any]:
         # after every arm, so an interrupted benchmark keeps the arms it finished
         report = {"settings": asdict(settings), "argv": sys.argv, "load_before": load_before,
                   "load_after": load_line(), "complete": len(results) == len(arms),
-                  "summary": summarize(results), "arms": results}
+                  "summary": summarize(results, probe), "arms": results}
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(report, indent=2))
         tmp.replace(path)

@@ -82,6 +82,25 @@ def test_rollouts_are_generated_in_waves_of_max_num_seqs_unless_asked_otherwise(
         assert not any("max_num_seqs" in o for o in bench.common_overrides(settings))
     settings, _, _, _ = bench.parse_args(["--max-num-seqs", "8"])
     assert "actor_rollout_ref.rollout.max_num_seqs=8" in bench.common_overrides(settings)
+    assert settings.probe and not bench.parse_args(["--quick"])[0].probe
+    assert bench.parse_args(["--quick", "--probe"])[0].probe and not bench.parse_args(["--no-probe"])[0].probe
+
+
+def test_generation_probe_times_each_on_policy_arms_rollouts(tiny_assets):
+    """The probe generates each on-policy arm's fresh rollouts (prompts x n) with the arms' settings;
+    the summary gives its seconds as a share of that arm's median step."""
+    s = bench.Settings(fresh_groups=2, mini_groups=1, group_size=2, response_length=8, max_num_seqs=2)
+    arms = [bench.build_arm(name, s) for name in ("matched", "larger", "headroom_drift")]
+    probe = bench.generation_probe(s, arms)
+    assert set(probe["seconds"]) == {"matched", "larger"} and probe["max_num_seqs"] == 2
+    assert all(seconds > 0 for seconds in probe["seconds"].values())
+    # every rollout has 1..8 response tokens: 2 x 2 matched rows, 3 x 2 larger rows
+    assert 4 <= probe["response_tokens"]["matched"] <= 4 * 8 and 6 <= probe["response_tokens"]["larger"] <= 6 * 8
+    results = {"matched": {"medians": {"timing_s/step": 4.0}}, "larger": {"medians": {"timing_s/step": 5.0}}}
+    share = bench.summarize(results, probe)["generation_probe"]["share_of_step"]
+    assert share == pytest.approx({"matched": probe["seconds"]["matched"] / 4.0,
+                                   "larger": probe["seconds"]["larger"] / 5.0})
+    assert "generation alone (probe, max_num_seqs=2)" in bench.format_summary(bench.summarize(results, probe))
 
 
 def test_steady_medians_skip_the_warmup_steps():
