@@ -3,7 +3,7 @@
 
     python benchmarks/bench_step_time.py [--quick] [--out DIR] [--steps 12] [--warmup 3]
                                          [--fresh-groups 8] [--mini-groups 2] [--group-size 4]
-                                         [--task sql] [--response-length 96] [--max-num-seqs 4]
+                                         [--task sql] [--response-length 96] [--max-num-seqs 1]
                                          [--no-probe]
                                          [--arms matched,larger,headroom_drift,naive]
                                          [--set KEY=VALUE ...]
@@ -24,11 +24,13 @@ The replay arms split the global step into the rounds the recipes choose (``repl
 ``recipes/common.sh``); replayed groups add optimiser steps of M groups.
 
 Generation-realistic: at scale a rollout engine is throughput-bound, so 1.5x the rollouts cost
-about 1.5x the generation time; that cost is what replay saves. The tiny model on CPU is not: one
-batch of 48 rows decodes about as fast as one of 32. ``--max-num-seqs`` (default 4) sets verl's
-``rollout.max_num_seqs``, which the hf rollout reads as vLLM does, the most sequences decoded at
-once, so the rollouts of a step are generated in waves and generation time grows with their
-number. In the split placement generation overlaps training, so the runs' ``timing_s/gen`` is only
+about 1.5x the generation time; that cost is what replay saves. The tiny model on CPU is not: a
+decode step costs about the same for 1 row as for 32 (Python-bound), so one batch of 48 rows takes
+little longer than one of 32. ``--max-num-seqs`` sets verl's ``rollout.max_num_seqs``, which the
+hf rollout reads as vLLM does (the most sequences decoded at once). The default, 1, is the cap at
+which generation time is proportional to the number of rollouts (measured with the probe below
+on 32 and 48 rollouts of the tiny SQL task: 1.27x at a cap of 4, 1.60x at 2, 1.47x at 1).
+In the split placement generation overlaps training, so the runs' ``timing_s/gen`` is only
 the trainer's wait; before the arms, a probe (``--no-probe`` skips it) times the hf rollout alone,
 on one thread, generating each on-policy arm's fresh rollouts, and prints that as a share of the
 arm's median step: the setting is generation-realistic when it is at least half.
@@ -104,7 +106,7 @@ class Settings:
     # groups through: HD pays its full cost (scan + K replayed groups trained every step).
     tau: float = 1.0
     scan_chunk_groups: int = 16
-    max_num_seqs: int | None = 4  # rollout.max_num_seqs (None: verl's default, every request at once)
+    max_num_seqs: int | None = 1  # rollout.max_num_seqs (None: verl's default, every request at once)
     probe: bool = True  # time generation alone first (generation_probe)
     extra: tuple[str, ...] = ()  # Hydra overrides for every arm
 
@@ -417,7 +419,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, list[str], Path | None
     parser.add_argument("--response-length", type=int, help="data.max_response_length (default 96: tiny sql's cap)")
     parser.add_argument("--tau", type=float, help="Headroom-Drift gate (default 1.0, see Settings.tau)")
     parser.add_argument("--max-num-seqs", type=int,
-                        help="rollout.max_num_seqs: sequences decoded at once (default 4; 0: verl's default)")
+                        help="rollout.max_num_seqs: sequences decoded at once (default 1; 0: verl's default)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override for every arm (repeatable)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per arm before it is killed")

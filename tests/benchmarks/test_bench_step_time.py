@@ -74,8 +74,8 @@ def test_bad_settings_are_refused_with_the_option_named():
 
 def test_rollouts_are_generated_in_waves_of_max_num_seqs_unless_asked_otherwise():
     settings, _, _, _ = bench.parse_args([])
-    assert settings.max_num_seqs == 4
-    assert "actor_rollout_ref.rollout.max_num_seqs=4" in bench.common_overrides(settings)
+    assert settings.max_num_seqs == 1
+    assert "actor_rollout_ref.rollout.max_num_seqs=1" in bench.common_overrides(settings)
     for argv in (["--max-num-seqs", "0"], ["--quick"]):  # verl's default: every request in one batch
         settings, _, _, _ = bench.parse_args(argv)
         assert settings.max_num_seqs is None
