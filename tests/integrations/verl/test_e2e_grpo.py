@@ -1,7 +1,8 @@
 """verl's real GRPO loop on CPU through ``python -m verl_replay.main`` (replay.strategy=none).
 
 The run is the tiny text-to-SQL task with its defaults (``tiny_task=sql``): its responses fit the
-gold queries and some answers are right, so groups disagree and the policy gradient is not zero.
+gold queries and some answers are right, so groups disagree and the policy gradient is not zero;
+the step-3 checkpoint favours the first batch's right answers over the wrong ones.
 ``replay.strategy=none`` is verl's own GRPO: the run is repeated with verl's own entry point
 (``python -m verl.trainer.main_ppo``) on the same config, composed once through our Hydra config
 (cpu_tiny profile), resolved, and given to verl without our keys; both must log the same metrics.
