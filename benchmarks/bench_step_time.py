@@ -441,10 +441,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, list[str], Path | None
         settings = replace(settings, max_num_seqs=None)
     default_arms = "matched,headroom_drift" if args.quick else ",".join(ARMS)
     arms = [a.strip() for a in (args.arms or default_arms).split(",") if a.strip()]
-    if args.probe is not None:
-        settings = replace(settings, probe=args.probe)
-    elif args.quick:
-        settings = replace(settings, probe=False)
+    settings = replace(settings, probe=args.probe if args.probe is not None else not args.quick)
     return settings, arms, args.out, args.timeout
 
 

@@ -380,9 +380,7 @@ class ReplayTrainerMixin:
             super()._compute_old_log_prob(forward, metrics)
         with self._totals.timed():
             if forward is not batch:
-                # replayed rows get their stored anchor (and entropy zeros) in the group stream's own write
-                covered = set(self.group_replay.replayed_keys) if self.group_replay is not None else set()
-                self._fill_skipped_rows(batch, forward, ("old_log_probs", "entropy"), covered=covered)
+                self._fill_skipped_rows(batch, forward, ("old_log_probs", "entropy"), covered=self._group_replay_keys())
             for stream in self._streams:
                 stream.after_old_log_probs(batch.partition_id, rollout_correction=self._rollout_correction_on(),
                                            forwarded=forward is batch)
@@ -398,11 +396,15 @@ class ReplayTrainerMixin:
             super()._compute_ref_log_prob(forward, metrics)
         with self._totals.timed():
             if forward is not batch:
-                covered = set(self.group_replay.replayed_keys) if self.group_replay is not None else set()
-                self._fill_skipped_rows(batch, forward, ("ref_log_prob",), covered=covered)
+                self._fill_skipped_rows(batch, forward, ("ref_log_prob",), covered=self._group_replay_keys())
             for stream in self._streams:
                 stream.after_ref_log_probs(batch.partition_id)
         return batch
+
+    def _group_replay_keys(self) -> set[str]:
+        """This round's replayed rows: the group stream writes every skipped field of theirs itself
+        (stored anchor with its entropy placeholder, stored reference log-probs)."""
+        return set(self.group_replay.replayed_keys) if self.group_replay is not None else set()
 
     @staticmethod
     def _has_replay_rows(batch: KVBatchMeta) -> bool:
