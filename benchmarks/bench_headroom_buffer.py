@@ -58,12 +58,22 @@ TAU = 0.1
 FRESH_PER_STEP = 64
 POOL = 256  # distinct group contents (templates)
 QWEN_VOCAB = 151_936
-FIELDS = ("prompt_ids", "response_ids", "response_lengths", "response_mask", "gen_log_probs",
-          "advantages", "correct", "scores")
-WORDS = ("the of a number find let be if then sum triangle circle integer prime value real "
-         "positive area length side angle point line equation solve x y z n k m function "
-         "polynomial root probability coin die remainder divided digit square cube product ratio "
-         "percent").split()
+FIELDS = (
+    "prompt_ids",
+    "response_ids",
+    "response_lengths",
+    "response_mask",
+    "gen_log_probs",
+    "advantages",
+    "correct",
+    "scores",
+)
+WORDS = (
+    "the of a number find let be if then sum triangle circle integer prime value real "
+    "positive area length side angle point line equation solve x y z n k m function "
+    "polynomial root probability coin die remainder divided digit square cube product ratio "
+    "percent"
+).split()
 
 
 def verl_rows(k: int, vocab: int, gen: torch.Generator) -> list[dict[str, Any]]:
@@ -73,8 +83,12 @@ def verl_rows(k: int, vocab: int, gen: torch.Generator) -> list[dict[str, Any]]:
     trainer's old_log_probs / advantages."""
     rnd = random.Random(k)
     problem = " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(25, 40))).capitalize() + "?"
-    messages = [{"role": "user", "content": problem + "\nPlease reason step by step, and put "
-                 "your final answer within \\boxed{}."}]
+    messages = [
+        {
+            "role": "user",
+            "content": problem + "\nPlease reason step by step, and put your final answer within \\boxed{}.",
+        }
+    ]
     prompt = torch.randint(0, vocab, (PROMPT,), generator=gen)
     rows = []
     for s in range(N_RESP):
@@ -84,27 +98,53 @@ def verl_rows(k: int, vocab: int, gen: torch.Generator) -> list[dict[str, Any]]:
         rm_scores[-1] = acc
         old = -2.0 * torch.rand(TOKENS, generator=gen) ** 2
         adv = torch.full((TOKENS,), (acc - 0.5) * (1 + 0.1 * rnd.random()))
-        rows.append({
-            "prompts": prompt.clone(), "responses": response,
-            "response_mask": torch.ones(TOKENS, dtype=torch.int64),
-            "input_ids": torch.cat([prompt, response]),
-            "position_ids": torch.arange(PROMPT + TOKENS),
-            "loss_mask": torch.ones(TOKENS, dtype=torch.int64), "rm_scores": rm_scores,
-            "rollout_log_probs": old + 1e-3 * torch.randn(TOKENS, generator=gen),
-            "old_log_probs": old, "advantages": adv, "returns": adv.clone(),
-            "uid": f"{k:08x}-uid", "session_id": s, "global_steps": 7, "num_turns": 2,
-            "metrics": {"generate_sequences": rnd.random(), "tool_calls": 0.0,
-                        "compute_score": rnd.random() * 1e-3, "num_preempted": -1},
-            "extra_fields": {"turn_scores": [], "tool_rewards": [], "reward_extra_info": {
-                "score": acc, "acc": acc, "reason": "match" if acc else "mismatch"}},
-            "multi_modal_inputs": {},
-            "data_source": "math_dapo", "prompt": messages, "raw_prompt": messages,
-            "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(k % 997)},
-            "extra_info": {"split": "train", "index": k, "question_id": f"train-{k}",
-                           "benchmark": "train", "question": problem},
-            "dummy_tensor": torch.tensor([0], dtype=torch.uint8), "index": k,
-            "tools_kwargs": {}, "interaction_kwargs": {},
-        })
+        rows.append(
+            {
+                "prompts": prompt.clone(),
+                "responses": response,
+                "response_mask": torch.ones(TOKENS, dtype=torch.int64),
+                "input_ids": torch.cat([prompt, response]),
+                "position_ids": torch.arange(PROMPT + TOKENS),
+                "loss_mask": torch.ones(TOKENS, dtype=torch.int64),
+                "rm_scores": rm_scores,
+                "rollout_log_probs": old + 1e-3 * torch.randn(TOKENS, generator=gen),
+                "old_log_probs": old,
+                "advantages": adv,
+                "returns": adv.clone(),
+                "uid": f"{k:08x}-uid",
+                "session_id": s,
+                "global_steps": 7,
+                "num_turns": 2,
+                "metrics": {
+                    "generate_sequences": rnd.random(),
+                    "tool_calls": 0.0,
+                    "compute_score": rnd.random() * 1e-3,
+                    "num_preempted": -1,
+                },
+                "extra_fields": {
+                    "turn_scores": [],
+                    "tool_rewards": [],
+                    "reward_extra_info": {"score": acc, "acc": acc, "reason": "match" if acc else "mismatch"},
+                },
+                "multi_modal_inputs": {},
+                "data_source": "math_dapo",
+                "prompt": messages,
+                "raw_prompt": messages,
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(k % 997)},
+                "extra_info": {
+                    "split": "train",
+                    "index": k,
+                    "question_id": f"train-{k}",
+                    "benchmark": "train",
+                    "question": problem,
+                },
+                "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
+                "index": k,
+                "tools_kwargs": {},
+                "interaction_kwargs": {},
+            }
+        )
     return rows
 
 
@@ -132,6 +172,7 @@ def make_scorer(pool: Pool, step: int):
             scale = 0.05 + 0.1 * (((g.group_id * 2_654_435_761 + step * 97) >> 7) % 11) / 10
             out.append(g.gen_log_probs + scale * pool.noise[(g.group_id + step) % POOL])
         return out
+
     return scorer
 
 
@@ -143,8 +184,8 @@ class FullSortSelector:
         self.chunk = buf.scan_chunk_groups
         # gid -> [group, cached, birth, seq, replay_count]; group objects shared read-only
         self.items: OrderedDict[int, list] = OrderedDict(
-            (g.group_id, [g, g.headroom_cached, g.birth_step, g.insert_seq, g.replay_count])
-            for g in buf)
+            (g.group_id, [g, g.headroom_cached, g.birth_step, g.insert_seq, g.replay_count]) for g in buf
+        )
         self.next_id = max(self.items) + 1 if self.items else 0
 
     def select(self, step: int, scorer) -> tuple[list[int], float]:
@@ -153,14 +194,13 @@ class FullSortSelector:
         forward = 0.0
         pos = 0
         while len(accepted) < self.k_rep and pos < len(order):
-            chunk = order[pos: pos + self.chunk]
+            chunk = order[pos : pos + self.chunk]
             t = time.perf_counter()
             outs = scorer([it[0] for it in chunk])
             forward += time.perf_counter() - t
-            for it, lp in zip(chunk, outs):
+            for it, lp in zip(chunk, outs, strict=True):
                 g = it[0]
-                sc = group_scores_flat(lp, g.gen_log_probs, g.response_mask, g.response_lengths,
-                                       g.advantages)
+                sc = group_scores_flat(lp, g.gen_log_probs, g.response_mask, g.response_lengths, g.advantages)
                 it[1] = sc.headroom
                 pos += 1
                 if sc.drift <= self.tau:
@@ -172,8 +212,7 @@ class FullSortSelector:
 
     def admit(self, groups: Sequence[ReplayGroup], step: int) -> None:
         for g in groups:
-            h = float(headroom_flat(g.gen_log_probs, g.response_mask, g.response_lengths,
-                                    g.advantages))
+            h = float(headroom_flat(g.gen_log_probs, g.response_mask, g.response_lengths, g.advantages))
             gid = self.next_id
             self.next_id += 1
             self.items[gid] = [_with_id(g, gid), h, step, gid, 0]
@@ -210,9 +249,20 @@ def run(pool: Pool, sizes: Sequence[int], steps: int, warmup: int) -> list[dict]
     for size in sizes:
         t0 = time.perf_counter()
         buf = fill(pool, size)
-        rows.append({"size": size, "fill_s": time.perf_counter() - t0, "buf": buf,
-                     "ref": FullSortSelector(buf), "select": [], "admit": [], "sort": [],
-                     "scanned": [], "scored": [], "picks": []})
+        rows.append(
+            {
+                "size": size,
+                "fill_s": time.perf_counter() - t0,
+                "buf": buf,
+                "ref": FullSortSelector(buf),
+                "select": [],
+                "admit": [],
+                "sort": [],
+                "scanned": [],
+                "scored": [],
+                "picks": [],
+            }
+        )
     for step in range(steps):
         for r in rows:
             fresh = _fresh(pool, step)
@@ -241,15 +291,21 @@ def run(pool: Pool, sizes: Sequence[int], steps: int, warmup: int) -> list[dict]
                 r["sort"].append(1e3 * ((ta - t) - fwd + (t_end - ta)))
     out = []
     for r in rows:
-        total = [a + b for a, b in zip(r["select"], r["admit"])]
-        out.append({"size": r["size"], "fill_s": r["fill_s"],
-                    "select_ms": statistics.median(r["select"]),
-                    "admit_ms": statistics.median(r["admit"]),
-                    "heap_ms": statistics.median(total),
-                    "heap_p90_ms": sorted(total)[int(0.9 * (len(total) - 1))],
-                    "sort_ms": statistics.median(r["sort"]),
-                    "scanned": statistics.mean(r["scanned"]),
-                    "scored": statistics.mean(r["scored"]), "same": r["same"]})
+        total = [a + b for a, b in zip(r["select"], r["admit"], strict=True)]
+        out.append(
+            {
+                "size": r["size"],
+                "fill_s": r["fill_s"],
+                "select_ms": statistics.median(r["select"]),
+                "admit_ms": statistics.median(r["admit"]),
+                "heap_ms": statistics.median(total),
+                "heap_p90_ms": sorted(total)[int(0.9 * (len(total) - 1))],
+                "sort_ms": statistics.median(r["sort"]),
+                "scanned": statistics.mean(r["scanned"]),
+                "scored": statistics.mean(r["scored"]),
+                "same": r["same"],
+            }
+        )
     return out
 
 
@@ -285,18 +341,27 @@ def rss_child(size: int, vocab: int, steps: int) -> dict[str, float]:
     response = sum(g.num_tokens for g in groups)
     stored = response + sum(g.prompt_ids.numel() for g in groups)
     packed = sum(g.nbytes for g in groups)
-    return {"size": size, "vocab": vocab, "fill_s": fill_s, "response_tokens": response,
-            "stored_tokens": stored, "packed_per_response_token": packed / response,
-            "rss_fill_per_response_token": (after_fill - base) / response,
-            "rss_per_response_token": (after_steady - base) / response,
-            "rss_per_stored_token": (after_steady - base) / stored,
-            "rss_mb": (after_steady - base) / 1e6}
+    return {
+        "size": size,
+        "vocab": vocab,
+        "fill_s": fill_s,
+        "response_tokens": response,
+        "stored_tokens": stored,
+        "packed_per_response_token": packed / response,
+        "rss_fill_per_response_token": (after_fill - base) / response,
+        "rss_per_response_token": (after_steady - base) / response,
+        "rss_per_stored_token": (after_steady - base) / stored,
+        "rss_mb": (after_steady - base) / 1e6,
+    }
 
 
 def measure_rss(size: int, vocab: int, steps: int = 30) -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, __file__, "--rss-child", str(size), "--vocab", str(vocab),
-         "--steps", str(steps)], capture_output=True, text=True, check=True)
+        [sys.executable, __file__, "--rss-child", str(size), "--vocab", str(vocab), "--steps", str(steps)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -308,8 +373,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     ap.add_argument("--quick", action="store_true", help="fewer steps, sizes up to 3e4")
     ap.add_argument("--sizes", type=int, nargs="+", default=None)
     ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--rss-size", type=int, default=None, help="groups for the RSS measurement "
-                    "(default 1e5; 3e4 with --quick; 0 skips it)")
+    ap.add_argument(
+        "--rss-size",
+        type=int,
+        default=None,
+        help="groups for the RSS measurement (default 1e5; 3e4 with --quick; 0 skips it)",
+    )
     ap.add_argument("--vocab", type=int, default=QWEN_VOCAB, help="token-id range")
     ap.add_argument("--rss-child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -325,29 +394,39 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     pool = Pool(args.vocab)
     rows = run(pool, sizes, steps, warmup)
     base = rows[0]["heap_ms"]
-    print(f"Headroom-Drift buffer manager overhead: n={N_RESP} x {TOKENS} tokens, K_rep={K_REP}, "
-          f"chunk<={CHUNK}, fresh={FRESH_PER_STEP}/step, {steps - warmup} timed steps (median)")
-    hdr = (f"{'groups':>8} | {'select ms':>9} | {'admit ms':>8} | {'heap ms/step':>12} | "
-           f"{'p90':>6} | {'vs smallest':>11} | {'full-sort ms/step':>17} | {'sort/heap':>9} | "
-           f"{'scanned':>7} | {'scored':>6} | same picks | fill s")
+    print(
+        f"Headroom-Drift buffer manager overhead: n={N_RESP} x {TOKENS} tokens, K_rep={K_REP}, "
+        f"chunk<={CHUNK}, fresh={FRESH_PER_STEP}/step, {steps - warmup} timed steps (median)"
+    )
+    hdr = (
+        f"{'groups':>8} | {'select ms':>9} | {'admit ms':>8} | {'heap ms/step':>12} | "
+        f"{'p90':>6} | {'vs smallest':>11} | {'full-sort ms/step':>17} | {'sort/heap':>9} | "
+        f"{'scanned':>7} | {'scored':>6} | same picks | fill s"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['size']:>8} | {r['select_ms']:>9.2f} | {r['admit_ms']:>8.2f} | "
-              f"{r['heap_ms']:>12.2f} | {r['heap_p90_ms']:>6.2f} | "
-              f"{r['heap_ms'] / base:>10.2f}x | {r['sort_ms']:>17.2f} | "
-              f"{r['sort_ms'] / r['heap_ms']:>8.2f}x | {r['scanned']:>7.1f} | "
-              f"{r['scored']:>6.1f} | {'yes' if r['same'] else 'NO':>10} | {r['fill_s']:.1f}")
-    print("scanned = groups scanned per step; scored = groups given to the scorer (chunks hold "
-          "no more than the acceptances still needed)")
+        print(
+            f"{r['size']:>8} | {r['select_ms']:>9.2f} | {r['admit_ms']:>8.2f} | "
+            f"{r['heap_ms']:>12.2f} | {r['heap_p90_ms']:>6.2f} | "
+            f"{r['heap_ms'] / base:>10.2f}x | {r['sort_ms']:>17.2f} | "
+            f"{r['sort_ms'] / r['heap_ms']:>8.2f}x | {r['scanned']:>7.1f} | "
+            f"{r['scored']:>6.1f} | {'yes' if r['same'] else 'NO':>10} | {r['fill_s']:.1f}"
+        )
+    print(
+        "scanned = groups scanned per step; scored = groups given to the scorer (chunks hold "
+        "no more than the acceptances still needed)"
+    )
     if rss_size:
         m = measure_rss(rss_size, args.vocab)
-        print(f"memory at {m['size']} groups (separate process, vocab {m['vocab']}, verl-like "
-              f"metadata): {m['rss_mb']:.0f} MB RSS = {m['rss_per_response_token']:.2f} B per "
-              f"stored response token ({m['rss_per_stored_token']:.2f} B per stored token incl. "
-              f"prompt; {m['rss_fill_per_response_token']:.2f} right after the fill); packed "
-              f"storage {m['packed_per_response_token']:.2f} B per response token; fill "
-              f"{m['fill_s']:.0f} s")
+        print(
+            f"memory at {m['size']} groups (separate process, vocab {m['vocab']}, verl-like "
+            f"metadata): {m['rss_mb']:.0f} MB RSS = {m['rss_per_response_token']:.2f} B per "
+            f"stored response token ({m['rss_per_stored_token']:.2f} B per stored token incl. "
+            f"prompt; {m['rss_fill_per_response_token']:.2f} right after the fill); packed "
+            f"storage {m['packed_per_response_token']:.2f} B per response token; fill "
+            f"{m['fill_s']:.0f} s"
+        )
         rows.append({"rss": m})
     print(f"total {time.perf_counter() - t0:.1f} s")
     if not all(r.get("same", True) for r in rows):

@@ -83,8 +83,14 @@ STAGES = (
     "replay/inject_seconds",
     "replay/overhead_seconds",
 )
-COUNTS = ("replay/accepted", "replay/scanned", "replay/scan_forward_rows", "replay/optimizer_steps",
-          "response_length/mean", "response_length/max")
+COUNTS = (
+    "replay/accepted",
+    "replay/scanned",
+    "replay/scan_forward_rows",
+    "replay/optimizer_steps",
+    "response_length/mean",
+    "response_length/max",
+)
 RATIOS = (("headroom_drift", "larger"), ("headroom_drift", "matched"), ("naive", "matched"), ("larger", "matched"))
 TARGET_HD_VS_LARGER = 0.85
 TARGET_OVERHEAD_SHARE = 0.05
@@ -148,11 +154,14 @@ def validate(settings: Settings, arms: list[str]) -> None:
     if g < 2 or g % 2 or g % m:
         raise SystemExit(f"--fresh-groups ({g}) must be even and a multiple of --mini-groups ({m})")
     if "larger" in arms and (3 * g // 2) % m:
-        raise SystemExit(f"--fresh-groups: 1.5 x {g} = {3 * g // 2} larger-arm prompts must be a multiple of "
-                         f"--mini-groups ({m}) (one optimiser step per round)")
+        raise SystemExit(
+            f"--fresh-groups: 1.5 x {g} = {3 * g // 2} larger-arm prompts must be a multiple of "
+            f"--mini-groups ({m}) (one optimiser step per round)"
+        )
     if settings.warmup < 0 or settings.steps <= settings.warmup:
-        raise SystemExit(f"--steps ({settings.steps}) must exceed --warmup ({settings.warmup}): "
-                         "the medians need steady-state steps")
+        raise SystemExit(
+            f"--steps ({settings.steps}) must exceed --warmup ({settings.warmup}): the medians need steady-state steps"
+        )
     if settings.max_num_seqs is not None and settings.max_num_seqs < 1:
         raise SystemExit(f"--max-num-seqs ({settings.max_num_seqs}) must be >= 1, or 0 for verl's default")
     for item in settings.extra:
@@ -214,8 +223,15 @@ def common_overrides(s: Settings) -> list[str]:
 
 
 def arm_command(arm: Arm, s: Settings, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "verl_replay.main", *common_overrides(s), *arm.overrides,
-            f"trainer.experiment_name=bench_{arm.name}", f"run_dir={run_dir}"]
+    return [
+        sys.executable,
+        "-m",
+        "verl_replay.main",
+        *common_overrides(s),
+        *arm.overrides,
+        f"trainer.experiment_name=bench_{arm.name}",
+        f"run_dir={run_dir}",
+    ]
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -240,14 +256,20 @@ def run_arm(arm: Arm, s: Settings, out: Path, timeout_s: int) -> dict[str, Any]:
     command = arm_command(arm, s, run_dir)
     env = dict(os.environ, VERL_REPLAY_OUTPUT_DIR=str(out / "runs"), PYTHONUNBUFFERED="1")
     env.pop("VERL_FILE_LOGGER_PATH", None)
-    print(f"[bench] {arm.name}: {arm.prompts} fresh groups"
-          + (f" + up to {arm.k_rep} replayed" if arm.k_rep else "")
-          + f", {arm.rounds} rounds, {arm.planned_optimizer_steps} optimiser steps per global step", flush=True)
+    print(
+        f"[bench] {arm.name}: {arm.prompts} fresh groups"
+        + (f" + up to {arm.k_rep} replayed" if arm.k_rep else "")
+        + f", {arm.rounds} rounds, {arm.planned_optimizer_steps} optimiser steps per global step",
+        flush=True,
+    )
     started = time.monotonic()
     log_path = out / f"{arm.name}.console.log"
-    with log_path.open("w") as log, subprocess.Popen(
-        command, cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    ) as process:
+    with (
+        log_path.open("w") as log,
+        subprocess.Popen(
+            command, cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as process,
+    ):
         assert process.stdout is not None
         try:
             for line in process.stdout:  # verl_replay's console: one line per step
@@ -261,8 +283,10 @@ def run_arm(arm: Arm, s: Settings, out: Path, timeout_s: int) -> dict[str, Any]:
     wall = time.monotonic() - started
     if returncode != 0:
         tail = log_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"arm {arm.name} failed (exit {returncode}); console in {log_path}, verl's log in "
-                           f"{run_dir / 'verl.log'}:\n{tail}")
+        raise RuntimeError(
+            f"arm {arm.name} failed (exit {returncode}); console in {log_path}, verl's log in "
+            f"{run_dir / 'verl.log'}:\n{tail}"
+        )
     metrics = read_metrics(run_dir)
     medians, steady_steps = steady_medians(metrics, s.warmup)
     print(f"[bench] {arm.name}: done in {wall:.0f} s, median step {medians['timing_s/step']:.2f} s", flush=True)
@@ -295,24 +319,38 @@ def generation_probe(s: Settings, arms: list[Arm]) -> dict[str, Any]:
     from verl_replay.integrations.verl.vl_processor import allow_vl_processor_without_torchvision
 
     assets = build_tiny_assets()
-    model_dir, train = ((assets.sql_model_dir, assets.sql_train) if s.task == "sql"
-                        else (assets.model_dir, assets.math_train))
+    model_dir, train = (
+        (assets.sql_model_dir, assets.sql_train) if s.task == "sql" else (assets.model_dir, assets.math_train)
+    )
     allow_vl_processor_without_torchvision()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        config = RolloutConfig(name="hf", prompt_length=256, response_length=s.response_length,
-                               tensor_model_parallel_size=1, max_num_seqs=s.max_num_seqs or 1024)
+        config = RolloutConfig(
+            name="hf",
+            prompt_length=256,
+            response_length=s.response_length,
+            tensor_model_parallel_size=1,
+            max_num_seqs=s.max_num_seqs or 1024,
+        )
         server = HFRolloutServer(config=config, model_config=HFModelConfig(path=str(model_dir)), replica_rank=0)
         tokenizer = server.model_config_tokenizer
         messages = [list(m) for m in pd.read_parquet(train)["prompt"]]
-        prompts = [tokenizer.apply_chat_template([dict(x) for x in m], add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False) for m in messages]
+        prompts = [
+            tokenizer.apply_chat_template(
+                [dict(x) for x in m], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            for m in messages
+        ]
         params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
 
         async def generate_all(requests: list[list[int]]) -> list[Any]:
-            return await asyncio.gather(*[server.generate(prompt_ids=r, sampling_params=dict(params), request_id=str(i))
-                                          for i, r in enumerate(requests)])
+            return await asyncio.gather(
+                *[
+                    server.generate(prompt_ids=r, sampling_params=dict(params), request_id=str(i))
+                    for i, r in enumerate(requests)
+                ]
+            )
 
         asyncio.run(server.set_global_steps(0))
         asyncio.run(generate_all(prompts[:2]))  # warm-up: the first generate call pays one-time set-up
@@ -350,19 +388,25 @@ def summarize(results: dict[str, dict[str, Any]], probe: dict[str, Any] | None =
     ratios = {f"{a}/{b}": step[a] / step[b] for a, b in RATIOS if a in step and b in step}
     summary: dict[str, Any] = {"median_step_seconds": step, "ratios": ratios}
     if probe is not None:
-        summary["generation_probe"] = dict(probe, share_of_step={
-            name: seconds / step[name] for name, seconds in probe["seconds"].items() if name in step})
+        summary["generation_probe"] = dict(
+            probe,
+            share_of_step={name: seconds / step[name] for name, seconds in probe["seconds"].items() if name in step},
+        )
     onpolicy = next((n for n in ("matched", "larger") if n in results), None)
     if onpolicy is not None:
         med = results[onpolicy]["medians"]
-        summary["generation_wait_share"] = {"arm": onpolicy, "share": med.get("timing_s/gen", 0.0) / med["timing_s/step"]}
+        summary["generation_wait_share"] = {
+            "arm": onpolicy,
+            "share": med.get("timing_s/gen", 0.0) / med["timing_s/step"],
+        }
     if "headroom_drift" in results:
         med = results["headroom_drift"]["medians"]
         summary["hd_overhead_share"] = med.get("replay/overhead_seconds", 0.0) / med["timing_s/step"]
         summary["hd_scan_forward_share"] = med.get("replay/scan_forward_seconds", 0.0) / med["timing_s/step"]
         summary["targets"] = {
-            "hd/larger <= 0.85": (ratios["headroom_drift/larger"] <= TARGET_HD_VS_LARGER
-                                  if "headroom_drift/larger" in ratios else None),
+            "hd/larger <= 0.85": (
+                ratios["headroom_drift/larger"] <= TARGET_HD_VS_LARGER if "headroom_drift/larger" in ratios else None
+            ),
             "overhead <= 5% of HD step": summary["hd_overhead_share"] <= TARGET_OVERHEAD_SHARE,
         }
     return summary
@@ -376,8 +420,9 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
     width = max(len(k) for k in rows) + 2
     lines = ["median over steady-state steps".ljust(width) + "".join(f"{n:>16}" for n in names)]
     for key in rows:
-        cells = "".join(f"{results[n]['medians'][key]:>16.3f}" if key in results[n]["medians"] else f"{'-':>16}"
-                        for n in names)
+        cells = "".join(
+            f"{results[n]['medians'][key]:>16.3f}" if key in results[n]["medians"] else f"{'-':>16}" for n in names
+        )
         lines.append(key.ljust(width) + cells)
     return "\n".join(lines)
 
@@ -386,14 +431,18 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [f"{name} {value:.3f}" for name, value in summary["ratios"].items()]
     for name, share in summary.get("generation_probe", {}).get("share_of_step", {}).items():
         probe = summary["generation_probe"]
-        lines.append(f"generation alone (probe, max_num_seqs={probe['max_num_seqs']}): {probe['seconds'][name]:.2f} s "
-                     f"for the {name} rollouts = {100 * share:.0f}% of the {name} step")
+        lines.append(
+            f"generation alone (probe, max_num_seqs={probe['max_num_seqs']}): {probe['seconds'][name]:.2f} s "
+            f"for the {name} rollouts = {100 * share:.0f}% of the {name} step"
+        )
     if "generation_wait_share" in summary:
         g = summary["generation_wait_share"]
         lines.append(f"trainer waiting on generation: {100 * g['share']:.1f}% of the {g['arm']} step")
     if "hd_overhead_share" in summary:
-        lines.append(f"HD replay overhead outside the scan forward: {100 * summary['hd_overhead_share']:.1f}% of the HD step "
-                     f"(scan forward {100 * summary['hd_scan_forward_share']:.1f}%)")
+        lines.append(
+            f"HD replay overhead outside the scan forward: {100 * summary['hd_overhead_share']:.1f}% of the HD step "
+            f"(scan forward {100 * summary['hd_scan_forward_share']:.1f}%)"
+        )
         for target, met in summary["targets"].items():
             if met is not None:
                 lines.append(f"target {target}: {'met' if met else 'NOT met'}")
@@ -420,23 +469,41 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, list[str], Path | None
     parser.add_argument("--task", choices=("sql", "math"), help="tiny task (default sql)")
     parser.add_argument("--response-length", type=int, help="data.max_response_length (default 96: tiny sql's cap)")
     parser.add_argument("--tau", type=float, help="Headroom-Drift gate (default 1.0, see Settings.tau)")
-    parser.add_argument("--max-num-seqs", type=int,
-                        help="rollout.max_num_seqs: sequences decoded at once (default 1; 0: verl's default)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a Hydra override for every arm (repeatable)")
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        help="rollout.max_num_seqs: sequences decoded at once (default 1; 0: verl's default)",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every arm (repeatable)"
+    )
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per arm before it is killed")
-    parser.add_argument("--probe", action=argparse.BooleanOptionalAction, default=None,
-                        help="time generation alone before the arms (default: on, off with --quick)")
+    parser.add_argument(
+        "--probe",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="time generation alone before the arms (default: on, off with --quick)",
+    )
     args = parser.parse_args(argv)
-    base = (Settings(fresh_groups=4, steps=3, warmup=1, scan_chunk_groups=16, max_num_seqs=None) if args.quick
-            else Settings())
+    base = (
+        Settings(fresh_groups=4, steps=3, warmup=1, scan_chunk_groups=16, max_num_seqs=None)
+        if args.quick
+        else Settings()
+    )
     given = {
-        "fresh_groups": args.fresh_groups, "mini_groups": args.mini_groups, "group_size": args.group_size,
-        "task": args.task, "response_length": args.response_length, "steps": args.steps, "warmup": args.warmup,
-        "tau": args.tau, "max_num_seqs": args.max_num_seqs,
+        "fresh_groups": args.fresh_groups,
+        "mini_groups": args.mini_groups,
+        "group_size": args.group_size,
+        "task": args.task,
+        "response_length": args.response_length,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "tau": args.tau,
+        "max_num_seqs": args.max_num_seqs,
     }
-    settings = Settings(**{**asdict(base), **{k: v for k, v in given.items() if v is not None},
-                           "extra": tuple(args.set)})
+    settings = Settings(
+        **{**asdict(base), **{k: v for k, v in given.items() if v is not None}, "extra": tuple(args.set)}
+    )
     if settings.max_num_seqs == 0:
         settings = replace(settings, max_num_seqs=None)
     default_arms = "matched,headroom_drift" if args.quick else ",".join(ARMS)
@@ -455,22 +522,34 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     arms = [build_arm(name, settings) for name in arm_names]
     load_before = load_line()
-    print(f"[bench] {len(arms)} arms x {settings.steps} global steps (medians over steps "
-          f"{settings.warmup + 1}..{settings.steps}), task {settings.task}, n={settings.group_size}, "
-          f"max_response_length={settings.response_length}; load {load_before}; output {out}", flush=True)
+    print(
+        f"[bench] {len(arms)} arms x {settings.steps} global steps (medians over steps "
+        f"{settings.warmup + 1}..{settings.steps}), task {settings.task}, n={settings.group_size}, "
+        f"max_response_length={settings.response_length}; load {load_before}; output {out}",
+        flush=True,
+    )
     results: dict[str, dict[str, Any]] = {}
     path = out / "report.json"
     probe = None
     if settings.probe and any(arm.name in ("matched", "larger") for arm in arms):
         probe = generation_probe(settings, arms)
-        print("[bench] generation alone (probe): " + ", ".join(
-            f"{name} {seconds:.2f} s" for name, seconds in probe["seconds"].items()), flush=True)
+        print(
+            "[bench] generation alone (probe): "
+            + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in probe["seconds"].items()),
+            flush=True,
+        )
 
     def write_report() -> dict[str, Any]:
         # after every arm, so an interrupted benchmark keeps the arms it finished
-        report = {"settings": asdict(settings), "argv": sys.argv, "load_before": load_before,
-                  "load_after": load_line(), "complete": len(results) == len(arms),
-                  "summary": summarize(results, probe), "arms": results}
+        report = {
+            "settings": asdict(settings),
+            "argv": sys.argv,
+            "load_before": load_before,
+            "load_after": load_line(),
+            "complete": len(results) == len(arms),
+            "summary": summarize(results, probe),
+            "arms": results,
+        }
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(report, indent=2))
         tmp.replace(path)

@@ -55,7 +55,8 @@ LONG_STEP = (
     "SELECT instr(x || 'b', substr(x, 1, 200000) || 'b') FROM (SELECT replace(hex(zeroblob(2000000)), '0', 'a') AS x)"
 )
 ROWS_150_X_16MB = (
-    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 150) SELECT x, randomblob(16000000) FROM c"
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 150) "
+    "SELECT x, randomblob(16000000) FROM c"
 )
 
 
@@ -125,7 +126,9 @@ def bench_pool_batched(pool: VerifierPool, db: str, n: int, timeout_s: float, ba
     return rate(len(jobs) * batch, time.perf_counter() - start)
 
 
-def bench_hangs(pool: VerifierPool, db: str, n: int, hang_fraction: float, sql_timeout_s: float) -> tuple[float, dict[str, int]]:
+def bench_hangs(
+    pool: VerifierPool, db: str, n: int, hang_fraction: float, sql_timeout_s: float
+) -> tuple[float, dict[str, int]]:
     """Tasks/s over n tasks of which ``hang_fraction`` hang (alternating Python / SQL hangs)."""
     verify = functools.partial(verify_sql, timeout_s=sql_timeout_s)
     every = round(1 / hang_fraction) if hang_fraction > 0 else 0
@@ -155,8 +158,9 @@ def _have_sandbox() -> bool:
     return True
 
 
-def bench_reward(db: str, n: int, threads: int, isolation: str | None, timeout_s: float,
-                 long_every: int = 0) -> tuple[float, dict[str, int]]:
+def bench_reward(
+    db: str, n: int, threads: int, isolation: str | None, timeout_s: float, long_every: int = 0
+) -> tuple[float, dict[str, int]]:
     """compute_score calls/s from ``threads`` threads (and the reasons seen)."""
     from verl_replay.rewards import compute_score
 
@@ -215,8 +219,14 @@ print(json.dumps({"reason": result.reason, "detail": result.detail, "self_mb": h
 def bench_memory(db: str, isolation: str) -> dict[str, object]:
     """Peak memory of the 150 x 16 MB query in a fresh interpreter."""
     # cwd: not the checkout, whose verl_replay/ would shadow PYTHONPATH for `python -c`
-    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, db, isolation, ROWS_150_X_16MB],
-                         capture_output=True, text=True, timeout=600, check=True, cwd=os.path.dirname(db))
+    out = subprocess.run(
+        [sys.executable, "-c", _MEMORY_PROBE, db, isolation, ROWS_150_X_16MB],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+        cwd=os.path.dirname(db),
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -235,13 +245,21 @@ def reward_rows(db: str, n: int, quick: bool) -> list[tuple[str, str]]:
         kills = get_sql_sandbox().kills
         n_long = 200 if quick else 1000
         value, reasons = bench_reward(db, n_long, 4, None, 0.2, long_every=100)
-        rows.append((f"reward: 4 threads, 1% long steps ({n_long}, 0.2 s)",
-                     f"{value:9.0f} verif/s  {reasons}  kills={get_sql_sandbox().kills - kills}"))
+        rows.append(
+            (
+                f"reward: 4 threads, 1% long steps ({n_long}, 0.2 s)",
+                f"{value:9.0f} verif/s  {reasons}  kills={get_sql_sandbox().kills - kills}",
+            )
+        )
         ideal = n_long / (n_long / 100 * (0.2 + 0.25) / 4)
         rows.append(("  bound from the kills alone (1%, 0.45 s / 4 threads)", f"{ideal:9.0f} verif/s"))
         shutdown_sql_sandbox()
-        rows.append(("reward: after shutdown: extra threads / child processes",
-                     f"{threading.active_count() - threads_before:9d} / {len(_child_pids())}"))
+        rows.append(
+            (
+                "reward: after shutdown: extra threads / child processes",
+                f"{threading.active_count() - threads_before:9d} / {len(_child_pids())}",
+            )
+        )
     else:
         rows.append(("reward: 4 threads, 1% long steps", "      n/a (no sandbox: each takes ~50 s)"))
     return rows
@@ -250,12 +268,20 @@ def reward_rows(db: str, n: int, quick: bool) -> list[tuple[str, str]]:
 def memory_rows(db: str) -> list[tuple[str, str]]:
     rows = []
     inline = bench_memory(db, "inline" if _have_sandbox() else "default")
-    rows.append(("memory: 150 x 16 MB rows, inline (scoring process peak)",
-                 f"{inline['self_mb']:9.0f} MB  {inline['reason']}: {inline['detail']}"))
+    rows.append(
+        (
+            "memory: 150 x 16 MB rows, inline (scoring process peak)",
+            f"{inline['self_mb']:9.0f} MB  {inline['reason']}: {inline['detail']}",
+        )
+    )
     if _have_sandbox():
         proc = bench_memory(db, "process")
-        rows.append(("memory: 150 x 16 MB rows, sandbox (worker peak)",
-                     f"{proc['children_mb']:9.0f} MB  {proc['reason']}: {proc['detail']}"))
+        rows.append(
+            (
+                "memory: 150 x 16 MB rows, sandbox (worker peak)",
+                f"{proc['children_mb']:9.0f} MB  {proc['reason']}: {proc['detail']}",
+            )
+        )
         rows.append(("memory:   the scoring process meanwhile", f"{proc['self_mb']:9.0f} MB"))
     return rows
 
@@ -279,20 +305,26 @@ def bench_math(n: int) -> tuple[float, float, float]:
     start = time.perf_counter()
     results = [verify_math(predicted, gold) for predicted, gold in pairs]
     sandbox = rate(len(pairs), time.perf_counter() - start)
-    wrong = [(p, r.reason) for (p, _), r in zip(pairs, results) if not r.correct]
+    wrong = [(p, r.reason) for (p, _), r in zip(pairs, results, strict=True) if not r.correct]
     assert not wrong, f"benchmark pairs must all verify: {wrong[:3]}"
     return fast, sandbox, cold
 
 
-def pool_rows(db: str, n: int, n_hang: int, workers: int, sql_timeout: float, pool_deadline: float) -> list[tuple[str, str]]:
+def pool_rows(
+    db: str, n: int, n_hang: int, workers: int, sql_timeout: float, pool_deadline: float
+) -> list[tuple[str, str]]:
     rows = [("sql in process (1 thread)", f"{bench_in_process(db, n, sql_timeout):9.0f} verif/s")]
     t0 = time.perf_counter()
     with VerifierPool(workers, task_timeout_s=pool_deadline, on_failure=sql_failure) as pool:
         pool.wait_ready(60)
         rows.append((f"pool({workers}) start until workers ready", f"{time.perf_counter() - t0:9.2f} s"))
         rows.append((f"sql via pool({workers}), 1 task each", f"{bench_pool(pool, db, n, sql_timeout):9.0f} verif/s"))
-        rows.append((f"sql via pool({workers}), batches of 50",
-                     f"{bench_pool_batched(pool, db, n, sql_timeout, 50):9.0f} verif/s"))
+        rows.append(
+            (
+                f"sql via pool({workers}), batches of 50",
+                f"{bench_pool_batched(pool, db, n, sql_timeout, 50):9.0f} verif/s",
+            )
+        )
         base, base_reasons = bench_hangs(pool, db, n_hang, 0.0, sql_timeout)
         replaced = pool.replacements
         hung, hung_reasons = bench_hangs(pool, db, n_hang, 0.10, sql_timeout)
@@ -346,8 +378,10 @@ def main() -> int:
     if "math" in sections:
         rows += math_rows(n)
 
-    print(f"# bench_verifiers  cpus={os.cpu_count()}  python={sys.version.split()[0]}  quick={args.quick}  "
-          f"load(1 min) {load:.2f} -> {os.getloadavg()[0]:.2f}  sandbox={_have_sandbox()}")
+    print(
+        f"# bench_verifiers  cpus={os.cpu_count()}  python={sys.version.split()[0]}  quick={args.quick}  "
+        f"load(1 min) {load:.2f} -> {os.getloadavg()[0]:.2f}  sandbox={_have_sandbox()}"
+    )
     print(f"# pool section: sql timeout {sql_timeout}s, pool hard deadline {pool_deadline}s")
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

@@ -466,24 +466,16 @@ def check_pins(args: dict[str, str | None], setup: SetupPins) -> list[Finding]:
     findings.append(
         _equal("VERL_VERSION", get("VERL_VERSION"), setup.constant("VERL_VERSION"), "setup.py VERL_VERSION")
     )
-    findings.append(
-        _equal("VERL_VERSION", get("VERL_VERSION"), setup.pinned("verl"), "setup.py install_requires verl")
-    )
+    findings.append(_equal("VERL_VERSION", get("VERL_VERSION"), setup.pinned("verl"), "setup.py install_requires verl"))
     findings.append(
         _equal("VLLM_VERSION", get("VLLM_VERSION"), setup.constant("VLLM_VERSION"), "setup.py VLLM_VERSION")
     )
+    findings.append(_equal("VLLM_VERSION", get("VLLM_VERSION"), setup.pinned("vllm", "gpu"), "setup.py extra gpu vllm"))
     findings.append(
-        _equal("VLLM_VERSION", get("VLLM_VERSION"), setup.pinned("vllm", "gpu"), "setup.py extra gpu vllm")
-    )
-    findings.append(
-        _equal(
-            "TORCH_VERSION", get("TORCH_VERSION"), setup.pinned("torch", "gpu"), "setup.py extra gpu torch"
-        )
+        _equal("TORCH_VERSION", get("TORCH_VERSION"), setup.pinned("torch", "gpu"), "setup.py extra gpu torch")
     )
     torch_range = setup.range_of("TORCH_RANGE")
-    findings.append(
-        _within("TORCH_VERSION", get("TORCH_VERSION"), torch_range.specifier, "setup.py TORCH_RANGE")
-    )
+    findings.append(_within("TORCH_VERSION", get("TORCH_VERSION"), torch_range.specifier, "setup.py TORCH_RANGE"))
     transformers_range = setup.range_of("TRANSFORMERS_RANGE")
     findings.append(
         _within(
@@ -493,18 +485,20 @@ def check_pins(args: dict[str, str | None], setup: SetupPins) -> list[Finding]:
             "setup.py TRANSFORMERS_RANGE",
         )
     )
+    findings.append(_within("PYTHON_VERSION", get("PYTHON_VERSION"), setup.python_requires, "setup.py python_requires"))
+    findings.append(_equal("VERL_REPLAY_VERSION", get("VERL_REPLAY_VERSION"), setup.version, "setup.py version"))
     findings.append(
-        _within("PYTHON_VERSION", get("PYTHON_VERSION"), setup.python_requires, "setup.py python_requires")
+        _equal(
+            "CUPY_VERSION", get("CUPY_VERSION"), setup.pinned("cupy-cuda13x", "gpu"), "setup.py extra gpu cupy-cuda13x"
+        )
     )
     findings.append(
-        _equal("VERL_REPLAY_VERSION", get("VERL_REPLAY_VERSION"), setup.version, "setup.py version")
-    )
-    findings.append(
-        _equal("CUPY_VERSION", get("CUPY_VERSION"), setup.pinned("cupy-cuda13x", "gpu"), "setup.py extra gpu cupy-cuda13x")
-    )
-    findings.append(
-        _equal("FLA_VERSION", get("FLA_VERSION"), setup.pinned("flash-linear-attention", "gpu"),
-               "setup.py extra gpu flash-linear-attention")
+        _equal(
+            "FLA_VERSION",
+            get("FLA_VERSION"),
+            setup.pinned("flash-linear-attention", "gpu"),
+            "setup.py extra gpu flash-linear-attention",
+        )
     )
     for name in OPTIONAL_ARGS:
         findings.append(_equal(name, get(name), setup.constant(name), f"setup.py {name}"))
@@ -558,9 +552,7 @@ def check_verl_metadata(
     for name, distribution in VERSION_ARGS.items():
         if distribution is None or distribution not in pins:
             continue
-        findings.append(
-            _equal(name, args.get(name), pins[distribution], f"verl {installed} extras {distribution}")
-        )
+        findings.append(_equal(name, args.get(name), pins[distribution], f"verl {installed} extras {distribution}"))
     return findings
 
 
@@ -640,8 +632,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs="?", default="check", choices=["check", "installed"])
     parser.add_argument("--dockerfile", type=Path, default=DEFAULT_DOCKERFILE)
     parser.add_argument("--setup", type=Path, default=DEFAULT_SETUP, help="setup.py to compare with")
-    parser.add_argument("--install-kernels", type=Path, default=DEFAULT_INSTALL_KERNELS,
-                        help="check: docker/install_kernels.sh to compare with")
+    parser.add_argument(
+        "--install-kernels",
+        type=Path,
+        default=DEFAULT_INSTALL_KERNELS,
+        help="check: docker/install_kernels.sh to compare with",
+    )
     parser.add_argument(
         "--no-verl-metadata",
         action="store_true",

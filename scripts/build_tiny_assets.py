@@ -30,7 +30,10 @@ def main() -> int:
         print(f"{name:12s} {getattr(assets, name)}")
     model = manifest["model"]
     processor = f", processor {model['processor']}" if model.get("processor") else ""
-    print(f"{'model':12s} {model['class']} ({model['num_parameters']} parameters){processor}, vocab {manifest['vocab_size']}")
+    print(
+        f"{'model':12s} {model['class']} ({model['num_parameters']} parameters){processor}, "
+        f"vocab {manifest['vocab_size']}"
+    )
     print(f"{'prompts':12s} {json.dumps(manifest['prompt_tokens'])}")
     print(f"{'seconds':12s} {time.perf_counter() - start:.2f}")
     return 0

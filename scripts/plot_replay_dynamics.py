@@ -49,8 +49,7 @@ PLOTS = {
 def decile_table(events: Sequence[dict[str, Any]], completed_only: bool = False) -> list[dict]:
     """Rows (one per non-empty decile): decile, groups, headroom_min/max, mean_replays,
     p_replayed."""
-    initial = {e["group_id"]: float(e["initial_headroom"]) for e in events
-               if e["event"] == "ingress"}
+    initial = {e["group_id"]: float(e["initial_headroom"]) for e in events if e["event"] == "ingress"}
     replays = Counter(e["group_id"] for e in events if e["event"] == "scan" and e["accepted"])
     if completed_only:
         ended = {e["group_id"] for e in events if e["event"] == "evict"}
@@ -64,14 +63,16 @@ def decile_table(events: Sequence[dict[str, Any]], completed_only: bool = False)
     for d in sorted(bins):
         gids = bins[d]
         counts = [replays[g] for g in gids]
-        rows.append({
-            "decile": d + 1,
-            "groups": len(gids),
-            "headroom_min": min(initial[g] for g in gids),
-            "headroom_max": max(initial[g] for g in gids),
-            "mean_replays": sum(counts) / len(counts),
-            "p_replayed": sum(c > 0 for c in counts) / len(counts),
-        })
+        rows.append(
+            {
+                "decile": d + 1,
+                "groups": len(gids),
+                "headroom_min": min(initial[g] for g in gids),
+                "headroom_max": max(initial[g] for g in gids),
+                "mean_replays": sum(counts) / len(counts),
+                "p_replayed": sum(c > 0 for c in counts) / len(counts),
+            }
+        )
     return rows
 
 
@@ -83,8 +84,9 @@ def age_table(events: Sequence[dict[str, Any]]) -> list[dict]:
         if e["event"] == "scan":
             scans[int(e["age"])] += 1
             acc[int(e["age"])] += bool(e["accepted"])
-    return [{"age": a, "scans": scans[a], "accepted": acc[a],
-             "acceptance_rate": acc[a] / scans[a]} for a in sorted(scans)]
+    return [
+        {"age": a, "scans": scans[a], "accepted": acc[a], "acceptance_rate": acc[a] / scans[a]} for a in sorted(scans)
+    ]
 
 
 def steps_table(events: Sequence[dict[str, Any]]) -> list[dict]:
@@ -104,8 +106,7 @@ def steps_table(events: Sequence[dict[str, Any]]) -> list[dict]:
 
 
 def compute_tables(events: Sequence[dict[str, Any]], completed_only: bool = False) -> dict:
-    return {"deciles": decile_table(events, completed_only), "age": age_table(events),
-            "steps": steps_table(events)}
+    return {"deciles": decile_table(events, completed_only), "age": age_table(events), "steps": steps_table(events)}
 
 
 def run_settings(events_path: Path, tau: float | None = None, k_rep: int | None = None) -> dict[str, Any]:
@@ -154,14 +155,12 @@ def plot_deciles(rows: list[dict], path: Path, completed_only: bool, label: str 
     fig, ax = plt.subplots(figsize=(7, 4))
     if rows:
         x = [r["decile"] for r in rows]
-        bars = ax.bar(x, [r["mean_replays"] for r in rows], color="tab:blue", alpha=0.7,
-                      label="mean lifetime replays")
+        bars = ax.bar(x, [r["mean_replays"] for r in rows], color="tab:blue", alpha=0.7, label="mean lifetime replays")
         ax.bar_label(bars, labels=[f"n={r['groups']}" for r in rows], fontsize=7, padding=2)
         ax.set_ylabel("mean lifetime replay count")
         ax.set_ylim(0, max(r["mean_replays"] for r in rows) * 1.15 or 1)
         ax2 = ax.twinx()
-        ax2.plot(x, [r["p_replayed"] for r in rows], "o-", color="tab:red",
-                 label="P(replayed >= 1)")
+        ax2.plot(x, [r["p_replayed"] for r in rows], "o-", color="tab:red", label="P(replayed >= 1)")
         ax2.set_ylim(0, 1.05)
         ax2.set_ylabel("P(replayed at least once)")
         ax.set_xticks(x)
@@ -227,8 +226,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", required=True, help="replay_events.jsonl written by ReplayEventLog")
     ap.add_argument("--out-dir", required=True, help="directory for the PNGs and tables.json")
-    ap.add_argument("--completed-only", action="store_true",
-                    help="decile plot: only groups whose eviction is in the log")
+    ap.add_argument(
+        "--completed-only", action="store_true", help="decile plot: only groups whose eviction is in the log"
+    )
     ap.add_argument("--tau", type=float, default=None, help="the run's tau (default: from its config.yaml)")
     ap.add_argument("--k-rep", type=int, default=None, help="the run's K_rep (default: from its config.yaml)")
     args = ap.parse_args(argv)

@@ -77,8 +77,7 @@ def run_main(tmp_path):
 
     project = tmp_path / "outputs" / "verl_replay"
 
-    def run(*overrides: str, experiment: str = "e2e", run_dir=None, timeout: int = 900,
-            check: bool = True) -> MainRun:
+    def run(*overrides: str, experiment: str = "e2e", run_dir=None, timeout: int = 900, check: bool = True) -> MainRun:
         env = dict(os.environ, VERL_REPLAY_OUTPUT_DIR=str(tmp_path / "outputs"), PYTHONUNBUFFERED="1")
         env.pop("VERL_FILE_LOGGER_PATH", None)
         command = [sys.executable, "-m", "verl_replay.main", f"trainer.experiment_name={experiment}", *overrides]
@@ -110,9 +109,16 @@ def spawn_main(tmp_path):
     def spawn(*overrides: str, experiment: str, run_dir) -> subprocess.Popen:
         env = dict(os.environ, VERL_REPLAY_OUTPUT_DIR=str(tmp_path / "outputs"), PYTHONUNBUFFERED="1")
         env.pop("VERL_FILE_LOGGER_PATH", None)
-        command = [sys.executable, "-m", "verl_replay.main", f"trainer.experiment_name={experiment}", *overrides,
-                   f"run_dir={run_dir}"]
-        return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+        command = [
+            sys.executable,
+            "-m",
+            "verl_replay.main",
+            f"trainer.experiment_name={experiment}",
+            *overrides,
+            f"run_dir={run_dir}",
+        ]
+        return subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
 
     return spawn

@@ -60,7 +60,10 @@ def test_elite_strategies_and_sampler_kind():
         ("++replay.tua=0.1", r"replay\.tua \(did you mean replay\.tau\?\)"),
         ("replay.elite.archve=a.parquet", r"replay\.elite\.archve \(did you mean replay\.elite\.archive\?\)"),
         ("~replay.strategi", r"replay\.strategi \(did you mean replay\.strategy\?\)"),
-        ("replay.zzzz=1", r"unknown setting\(s\) replay\.zzzz; valid keys under replay are: allow_missing_state, audit_dir, "),
+        (
+            "replay.zzzz=1",
+            r"unknown setting\(s\) replay\.zzzz; valid keys under replay are: allow_missing_state, audit_dir, ",
+        ),
     ],
 )
 def test_unknown_override_keys_get_a_did_you_mean(override, message):
@@ -73,10 +76,19 @@ def test_unknown_override_keys_get_a_did_you_mean(override, message):
 def test_known_override_keys_and_other_sections_pass():
     from verl_replay.config import check_override_keys
 
-    check_override_keys([
-        "replay.k_rep=2", "+replay.tau=0.1", "replay.elite.mu=0.1", "~replay.max_scan_groups",
-        "replay.elite={archive:a.parquet}", "replay_extra.x=1", "trainer.replay.x=1", "--cfg", "job",
-    ])
+    check_override_keys(
+        [
+            "replay.k_rep=2",
+            "+replay.tau=0.1",
+            "replay.elite.mu=0.1",
+            "~replay.max_scan_groups",
+            "replay.elite={archive:a.parquet}",
+            "replay_extra.x=1",
+            "trainer.replay.x=1",
+            "--cfg",
+            "job",
+        ]
+    )
 
 
 def test_unknown_mapping_key_gets_a_did_you_mean():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
 
@@ -57,8 +56,9 @@ print("restored")
 
 def test_redirect_sends_everything_but_our_lines_to_the_log(tmp_path):
     early, log = tmp_path / "early.log", tmp_path / "run" / "verl.log"
-    result = subprocess.run([sys.executable, "-c", SCRIPT, str(early), str(log)], capture_output=True, text=True,
-                            check=True, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(early), str(log)], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
     assert result.stdout == "our line\nrestored\n"
     assert result.stderr == "our error\n"
     text = log.read_text()

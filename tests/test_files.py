@@ -15,7 +15,10 @@ from verl_replay._files import atomic_write_text, default_file_mode
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_default_file_mode_follows_the_umask(umask, mode):
     # a child process: the umask is process-wide state
-    code = "import os, sys; os.umask(int(sys.argv[1], 8)); from verl_replay._files import default_file_mode; print(oct(default_file_mode()))"
+    code = (
+        "import os, sys; os.umask(int(sys.argv[1], 8)); "
+        "from verl_replay._files import default_file_mode; print(oct(default_file_mode()))"
+    )
     out = subprocess.run([sys.executable, "-c", code, oct(umask)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == oct(mode)
 

@@ -50,11 +50,17 @@ def test_existing_parquet_files_pass_as_a_path_or_a_list(tmp_path):
     assert check_data_files("data.train_files", ["hdfs://cluster/x.parquet"]) == []  # left to verl
 
 
-@pytest.mark.parametrize("make, expected", [
-    (lambda d: d / "missing.parquet", "missing.parquet does not exist"),
-    (lambda d: d, "is a directory, not a parquet file"),
-    (lambda d: (d / "x.parquet").write_text("not parquet") and d / "x.parquet", "x.parquet is not a readable parquet file"),
-])
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda d: d / "missing.parquet", "missing.parquet does not exist"),
+        (lambda d: d, "is a directory, not a parquet file"),
+        (
+            lambda d: (d / "x.parquet").write_text("not parquet") and d / "x.parquet",
+            "x.parquet is not a readable parquet file",
+        ),
+    ],
+)
 def test_a_bad_data_file_names_the_key_and_the_path(tmp_path, make, expected):
     path = make(tmp_path)
     with pytest.raises(PreflightError) as error:
@@ -75,18 +81,27 @@ def test_sql_rows_need_their_database(tmp_path):
     good = sqlite_db(tmp_path / "db" / "shop" / "shop.sqlite")
     rows = [
         {"prompt": prompt(), "data_source": "tiny_sql", "extra_info": {"db_path": str(good)}},
-        {"prompt": prompt(), "data_source": "bird", "extra_info": {"db_path": "shop/shop.sqlite", "db_root": str(tmp_path / "db")}},
+        {
+            "prompt": prompt(),
+            "data_source": "bird",
+            "extra_info": {"db_path": "shop/shop.sqlite", "db_root": str(tmp_path / "db")},
+        },
         {"prompt": prompt(), "data_source": "tiny_math", "extra_info": {"db_path": None}},  # not SQL
     ]
     path = write_rows(tmp_path / "sql.parquet", rows)
     assert check_sql_databases("data.train_files", [path]) == 1  # one distinct file, two spellings
 
-    missing = write_rows(tmp_path / "missing.parquet", rows + [
-        {"prompt": prompt(), "data_source": "spider", "extra_info": {"db_path": str(tmp_path / "gone.sqlite")}}])
+    missing = write_rows(
+        tmp_path / "missing.parquet",
+        rows
+        + [{"prompt": prompt(), "data_source": "spider", "extra_info": {"db_path": str(tmp_path / "gone.sqlite")}}],
+    )
     with pytest.raises(PreflightError) as error:
         check_sql_databases("data.val_files", [missing])
-    assert one_line(error) == (f"data.val_files: {missing} row 3 names the database {tmp_path / 'gone.sqlite'}, "
-                               "which does not exist (prepare the data where the databases are)")
+    assert one_line(error) == (
+        f"data.val_files: {missing} row 3 names the database {tmp_path / 'gone.sqlite'}, "
+        "which does not exist (prepare the data where the databases are)"
+    )
 
 
 def test_a_sql_row_without_db_path_or_with_a_non_sqlite_file(tmp_path):
@@ -94,8 +109,10 @@ def test_a_sql_row_without_db_path_or_with_a_non_sqlite_file(tmp_path):
     with pytest.raises(PreflightError, match=r"row 0 \(data_source 'spider'\) has no extra_info.db_path"):
         check_sql_databases("data.train_files", [path])
     (tmp_path / "fake.sqlite").write_text("CREATE TABLE t (x);")
-    path = write_rows(tmp_path / "b.parquet", [
-        {"prompt": prompt(), "data_source": "sql_x", "extra_info": {"db_path": str(tmp_path / "fake.sqlite")}}])
+    path = write_rows(
+        tmp_path / "b.parquet",
+        [{"prompt": prompt(), "data_source": "sql_x", "extra_info": {"db_path": str(tmp_path / "fake.sqlite")}}],
+    )
     with pytest.raises(PreflightError, match=r"fake.sqlite, which is not an SQLite database file"):
         check_sql_databases("data.train_files", [path])
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -55,8 +54,11 @@ def refused(config) -> str:
 
 
 def sql_rows_file(path: Path, db_path: str) -> Path:
-    rows = {"prompt": [[{"role": "user", "content": "How many?"}]], "data_source": ["tiny_sql"],
-            "extra_info": [{"db_path": db_path}]}
+    rows = {
+        "prompt": [[{"role": "user", "content": "How many?"}]],
+        "data_source": ["tiny_sql"],
+        "extra_info": [{"db_path": db_path}],
+    }
     pq.write_table(pa.table(rows), path)
     return path
 
@@ -66,33 +68,42 @@ def sql_rows_file(path: Path, db_path: str) -> Path:
 
 def test_inputs_are_checked_before_ray_starts(compose, tmp_path, tiny_assets):
     assert refused(compose("data.train_files=/nonexistent/train.parquet")) == (
-        "data.train_files: /nonexistent/train.parquet does not exist (python -m verl_replay.data prepare ... writes one)")
+        "data.train_files: /nonexistent/train.parquet does not exist "
+        "(python -m verl_replay.data prepare ... writes one)"
+    )
     assert refused(compose(f"data.val_files=[{tiny_assets.math_val},{tmp_path}]")).startswith(
-        f"data.val_files: {tmp_path} is a directory")
+        f"data.val_files: {tmp_path} is a directory"
+    )
     assert refused(compose(f"actor_rollout_ref.model.path={tmp_path}")) == (
-        f"actor_rollout_ref.model.path: {tmp_path} has no config.json (not a Hugging Face model directory)")
+        f"actor_rollout_ref.model.path: {tmp_path} has no config.json (not a Hugging Face model directory)"
+    )
     missing_db = sql_rows_file(tmp_path / "sql.parquet", str(tmp_path / "gone.sqlite"))
     assert refused(compose("tiny_task=sql", f"data.train_files={missing_db}")) == (
         f"data.train_files: {missing_db} row 0 names the database {tmp_path / 'gone.sqlite'}, which does not "
-        "exist (prepare the data where the databases are)")
+        "exist (prepare the data where the databases are)"
+    )
 
 
 def test_archive_is_checked_before_ray_starts(compose, tmp_path):
     archive = tmp_path / "archive.parquet"
     assert refused(compose("tiny_task=sql", "replay.strategy=elite", f"replay.elite.archive={archive}")).startswith(
-        f"replay.elite.archive: {archive} does not exist")
+        f"replay.elite.archive: {archive} does not exist"
+    )
     archive.write_bytes(b"not an archive")
     assert refused(compose("tiny_task=sql", "replay.strategy=elite", f"replay.elite.archive={archive}")).startswith(
-        "replay.elite.archive cannot be used for this run: ")
+        "replay.elite.archive cannot be used for this run: "
+    )
 
 
 def test_settings_are_checked_before_anything_else(compose):
     assert refused(compose("replay.tau=-1")).startswith("invalid config: replay.tau must be a finite number >= 0")
     assert "replay.k_repp (did you mean replay.k_rep?)" in refused(compose("+replay.k_repp=2"))
     assert refused(compose("platform=gpu")) == (
-        "these settings are required and have no value: data.train_files, data.val_files, actor_rollout_ref.model.path")
-    mismatch = compose("dry_run=true", "trainer.v1.trainer_mode=separate_async",
-                       "trainer.v1.separate_async.parameter_sync_step=3")
+        "these settings are required and have no value: data.train_files, data.val_files, actor_rollout_ref.model.path"
+    )
+    mismatch = compose(
+        "dry_run=true", "trainer.v1.trainer_mode=separate_async", "trainer.v1.separate_async.parameter_sync_step=3"
+    )
     assert refused(mismatch).startswith("verl refuses the config: separate_async needs data.train_batch_size ==")
 
 
@@ -116,8 +127,9 @@ def run_cli(cwd: Path, *args: str, script: str | None = None, env: dict | None =
     command = [sys.executable, *(["-c", script] if script else ["-m", "verl_replay.main"]), *args]
     full_env = {k: v for k, v in os.environ.items() if k not in ("VERL_FILE_LOGGER_PATH", "VERL_REPLAY_OUTPUT_DIR")}
     started = time.monotonic()
-    result = subprocess.run(command, cwd=cwd, env={**full_env, **(env or {})}, capture_output=True, text=True,
-                            timeout=timeout)
+    result = subprocess.run(
+        command, cwd=cwd, env={**full_env, **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
     return result, time.monotonic() - started
 
 
@@ -126,7 +138,8 @@ def test_a_missing_train_file_stops_within_seconds_with_one_line(tmp_path, tiny_
     assert result.returncode == 2, result.stderr
     assert result.stdout == "" and result.stderr.splitlines() == [
         "verl_replay: data.train_files: /nonexistent/train.parquet does not exist "
-        "(python -m verl_replay.data prepare ... writes one)"]
+        "(python -m verl_replay.data prepare ... writes one)"
+    ]
     assert seconds < 20
     assert list(tmp_path.iterdir()) == []  # no run dir, no Hydra folder
 
@@ -147,7 +160,7 @@ def test_an_override_hydra_refuses_is_a_setting_error_too(tmp_path):
 
 # A stand-in for verl's loop: prints and warns like verl and its workers, writes metrics the way
 # verl's file logger does, prints at interpreter exit like Ray's shutdown; or fails.
-FAKE_VERL = textwrap.dedent(r'''
+FAKE_VERL = textwrap.dedent(r"""
     import atexit, json, os, sys, time, warnings
     import verl_replay.main as main
 
@@ -167,7 +180,7 @@ FAKE_VERL = textwrap.dedent(r'''
 
     main._run_ppo = fake_run_ppo
     main.cli()
-''')
+""")
 
 
 def fake_run(tmp_path: Path, mode: str, *args: str):
@@ -184,8 +197,10 @@ def test_console_shows_our_lines_and_verl_log_holds_the_rest(tmp_path, tiny_asse
     lines = result.stdout.splitlines()
     assert lines[0] == f"verl_replay: strategy=none task=math steps=2; run dir outputs/verl_replay/{run_dir.name}"
     assert lines[1].startswith(f"verl_replay: verl's own output goes to outputs/verl_replay/{run_dir.name}/verl.log")
-    assert lines[2:4] == ["step 1/2 | score 0.25 | pg_loss -0.01 | grad_norm 1.5 | time 3.2s",
-                          "step 2/2 | score 0.5 | pg_loss -0.01 | grad_norm 1.5 | time 3.2s"]
+    assert lines[2:4] == [
+        "step 1/2 | score 0.25 | pg_loss -0.01 | grad_norm 1.5 | time 3.2s",
+        "step 2/2 | score 0.5 | pg_loss -0.01 | grad_norm 1.5 | time 3.2s",
+    ]
     assert lines[4].startswith("verl_replay: done (2 steps, ") and "{metrics.jsonl, config.yaml, verl.log}" in lines[4]
     assert len(lines) == 5 and result.stderr == ""  # nothing after done, no warning
     log = (run_dir / "verl.log").read_text()
@@ -203,7 +218,8 @@ def test_a_failed_training_ends_with_one_line_and_exit_code_1(tmp_path, tiny_ass
     name = runs[0].name
     assert result.stderr.splitlines() == [
         f"verl_replay: training failed: RuntimeError: the reward worker died "
-        f"(traceback in outputs/verl_replay/{name}/verl.log)"]
+        f"(traceback in outputs/verl_replay/{name}/verl.log)"
+    ]
     log = (runs[0] / "verl.log").read_text()
     assert "Traceback (most recent call last)" in log and "second line" in log
 

@@ -40,9 +40,18 @@ SMALL_QWEN3_5 = {
         "tie_word_embeddings": False,
     },
     "vision_config": {
-        "model_type": "qwen3_5", "depth": 2, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2,
-        "in_channels": 3, "patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2,
-        "out_hidden_size": 64, "num_position_embeddings": 16, "deepstack_visual_indexes": [],
+        "model_type": "qwen3_5",
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_heads": 2,
+        "in_channels": 3,
+        "patch_size": 4,
+        "temporal_patch_size": 2,
+        "spatial_merge_size": 2,
+        "out_hidden_size": 64,
+        "num_position_embeddings": 16,
+        "deepstack_visual_indexes": [],
     },
 }
 
@@ -73,9 +82,7 @@ def test_small_counts_by_hand():
     # full attention: q (with output gate) 64 x 4*16*2, k, v 64 x 2*16, o 64 x 64, q/k norms 16 each
     assert s.full_attention_layer_params == 64 * 128 + 2 * 64 * 32 + 64 * 64 + 2 * 16
     # Gated DeltaNet: key_dim 16, value_dim 48, conv_dim 80
-    assert s.linear_attention_layer_params == (
-        64 * 80 + 64 * 48 + 2 * 64 * 4 + 80 * 4 + 2 * 4 + 12 + 48 * 64
-    )
+    assert s.linear_attention_layer_params == (64 * 80 + 64 * 48 + 2 * 64 * 4 + 80 * 4 + 2 * 4 + 12 + 48 * 64)
     assert s.mlp_params == 3 * 64 * 160
     # per-token KV of the one full-attention layer: K and V, 2 heads x 16, bf16
     assert s.kv_bytes_per_token() == 2 * 2 * 16 * 2 * 1
@@ -84,9 +91,17 @@ def test_small_counts_by_hand():
 
 
 def test_flat_decoder_config():
-    qwen2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 100, "hidden_size": 32,
-             "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "tie_word_embeddings": True}
+    qwen2 = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": 100,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    }
     s = ModelShape.from_hf_config(qwen2)
     assert (s.full_attention_layers, s.linear_attention_layers, s.head_dim) == (2, 0, 8)
     torch = pytest.importorskip("torch")
@@ -98,8 +113,14 @@ def test_flat_decoder_config():
 
 
 def _sizes(**changes) -> RunSizes:
-    base = dict(train_gpus=2, ppo_max_token_len_per_gpu=20480, log_prob_max_token_len_per_gpu=40960,
-                max_model_len=20480, max_num_batched_tokens=20480, max_num_seqs=256)
+    base = dict(
+        train_gpus=2,
+        ppo_max_token_len_per_gpu=20480,
+        log_prob_max_token_len_per_gpu=40960,
+        max_model_len=20480,
+        max_num_batched_tokens=20480,
+        max_num_seqs=256,
+    )
     base.update(changes)
     return RunSizes(**base)
 
@@ -130,7 +151,7 @@ def test_budget_rows_by_hand():
 def test_sharding_offload_and_flash_attn_rules():
     shape = ModelShape.from_hf_config(QWEN3_5_4B_CONFIG)
     two, four = estimate(shape, _sizes()), estimate(shape, _sizes(train_gpus=4))
-    for a, b in zip(two.resident[:3], four.resident[:3]):
+    for a, b in zip(two.resident[:3], four.resident[:3], strict=True):
         assert b.bytes == pytest.approx(a.bytes / 2, abs=1)
     off = estimate(shape, _sizes(param_offload=True, optimizer_offload=True))
     assert [r.bytes for r in off.resident[:3]] == [0, 0, 0]

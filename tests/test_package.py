@@ -6,7 +6,10 @@ import verl_replay
 
 def test_import_is_light():
     """``import verl_replay`` must not pull in verl, ray or torch (public names resolve lazily)."""
-    code = "import sys, verl_replay; print(sorted(m for m in ('verl', 'ray', 'torch', 'transformers') if m in sys.modules))"
+    code = (
+        "import sys, verl_replay; "
+        "print(sorted(m for m in ('verl', 'ray', 'torch', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 
@@ -114,14 +117,22 @@ def test_readme_setup_commands_are_the_ones_ci_runs():
 
     repo = Path(__file__).resolve().parents[1]
     readme = (repo / "README.md").read_text(encoding="utf-8")
-    ci = [line for line in (repo / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-          if line.startswith(("python3 -m venv", ". .venv"))]
+    ci = [
+        line
+        for line in (repo / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+        if line.startswith(("python3 -m venv", ". .venv"))
+    ]
     assert ci == [
         'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e ".[test]"',
         ". .venv/bin/activate && python -m pytest",
     ]
     assert f"{ci[0]} && python -m verl_replay.main" in readme and ci[1] in readme
-    for link in ("docs/headroom_drift.md", "docs/elite_replay.md", "docs/metrics.md", "docs/settings.md",
-                 "docs/running.md"):
+    for link in (
+        "docs/headroom_drift.md",
+        "docs/elite_replay.md",
+        "docs/metrics.md",
+        "docs/settings.md",
+        "docs/running.md",
+    ):
         assert f"]({link}" in readme and (repo / link).is_file(), link
     assert "shared/SPEC.md" not in readme

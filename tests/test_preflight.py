@@ -47,7 +47,19 @@ def test_choose_attn_prints_impl_and_packing(capsys) -> None:
 
 
 def test_memory_table_of_a_gpu_config(capsys) -> None:
-    assert main(["--memory-table", "platform=gpu", "actor_rollout_ref.model.path=/nowhere", "data.train_files=t",
-                 "data.val_files=v", "data.max_prompt_length=1024", "data.max_response_length=1024"]) == 0
+    assert (
+        main(
+            [
+                "--memory-table",
+                "platform=gpu",
+                "actor_rollout_ref.model.path=/nowhere",
+                "data.train_files=t",
+                "data.val_files=v",
+                "data.max_prompt_length=1024",
+                "data.max_response_length=1024",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "the Qwen3.5-4B shape" in out and "| training | update pass | **total**" in out

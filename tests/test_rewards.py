@@ -60,7 +60,10 @@ class TestSql:
         assert shaped == {"score": 0.1, "acc": 0.0, "reason": "mismatch"}
         # no bonus for output that is not a runnable query
         assert compute_score("bird", "no sql here", GOLD, info, format_bonus=0.1) == {
-            "score": 0.0, "acc": 0.0, "reason": "no_sql"}
+            "score": 0.0,
+            "acc": 0.0,
+            "reason": "no_sql",
+        }
         assert compute_score("bird", answer("DELETE FROM emp"), GOLD, info, format_bonus=0.1)["score"] == 0.0
 
     def test_db_root_and_relative_path(self, db: Path) -> None:
@@ -95,7 +98,10 @@ class TestSql:
         digest = hashlib.sha256(db.read_bytes()).hexdigest()
         start = time.monotonic()
         out = compute_score(
-            "tiny_sql", answer("SELECT count(*) FROM big a, big b, big c, big d"), GOLD, {"db_path": str(db)},
+            "tiny_sql",
+            answer("SELECT count(*) FROM big a, big b, big c, big d"),
+            GOLD,
+            {"db_path": str(db)},
             sql_timeout_s=0.5,
         )
         assert out == {"score": 0.0, "acc": 0.0, "reason": "timeout"}
@@ -123,18 +129,33 @@ HARD_CASES = [
     # widths from the rows: each call fits the value limit, but they take ~0.1 s each
     ("printf-width-from-rows", "SELECT length(printf('%' || (a * 1000000) || 'd', 1)) FROM big", "timeout"),
     # quadratic string functions: one SQLite step of tens of seconds (only the kill stops it)
-    ("instr-quadratic", "SELECT instr(x || 'b', substr(x, 1, 200000) || 'b') "
-                        "FROM (SELECT replace(hex(zeroblob(2000000)), '0', 'a') AS x)", "timeout"),
-    ("replace-quadratic", "SELECT length(replace(x, substr(x, 1, 100000) || 'b', 'c')) "
-                          "FROM (SELECT replace(hex(zeroblob(2000000)), '0', 'a') AS x)", "timeout"),
+    (
+        "instr-quadratic",
+        "SELECT instr(x || 'b', substr(x, 1, 200000) || 'b') "
+        "FROM (SELECT replace(hex(zeroblob(2000000)), '0', 'a') AS x)",
+        "timeout",
+    ),
+    (
+        "replace-quadratic",
+        "SELECT length(replace(x, substr(x, 1, 100000) || 'b', 'c')) "
+        "FROM (SELECT replace(hex(zeroblob(2000000)), '0', 'a') AS x)",
+        "timeout",
+    ),
     # huge rows: 150 rows of 16 MB (2.4 GB), and one row of 100 x 16 MB
-    ("rows-150x16MB", "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 150) "
-                      "SELECT x, zeroblob(16000000) FROM c", "byte_cap"),
+    (
+        "rows-150x16MB",
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 150) "
+        "SELECT x, zeroblob(16000000) FROM c",
+        "byte_cap",
+    ),
     ("row-100x16MB", "SELECT " + ", ".join(["zeroblob(16000000)"] * 100), "out_of_memory"),
     # recursive CTEs: endless, and doubling a string every step
     ("cte-endless", "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c", "timeout"),
-    ("cte-doubling", "WITH RECURSIVE c(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM c) "
-                     "SELECT max(length(s)) FROM c", "byte_cap"),
+    (
+        "cte-doubling",
+        "WITH RECURSIVE c(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM c) SELECT max(length(s)) FROM c",
+        "byte_cap",
+    ),
     # writes, in the forms that start like a query too
     ("delete", "DELETE FROM emp", "write_attempt"),
     ("cte-delete", "WITH x AS (SELECT 1) DELETE FROM emp", "write_attempt"),
@@ -164,7 +185,10 @@ for name, sql, expected in cases:
 stats = get_sql_sandbox().stats()  # peak_rss_kb: the largest VmHWM of any sandbox worker
 shutdown_sql_sandbox()
 me = str(os.getpid())
-children = [p for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == me]
+children = [
+    p for p in os.listdir("/proc")
+    if p.isdigit() and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == me
+]
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec (this process would inherit the
 # peak of the pytest process that started it)
 hwm = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1])
@@ -188,7 +212,9 @@ def test_hard_limits_through_compute_score(db: Path) -> None:
     listing = sorted(os.listdir(db.parent))
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_HARD_CASE_RUNNER), str(db), str(timeout), json.dumps(HARD_CASES)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
@@ -225,9 +251,15 @@ class TestMath:
 
     def test_format_bonus_and_no_answer(self) -> None:
         assert compute_score("openai/gsm8k", r"\boxed{7}", "8", format_bonus=0.2) == {
-            "score": 0.2, "acc": 0.0, "reason": "mismatch"}
+            "score": 0.2,
+            "acc": 0.0,
+            "reason": "mismatch",
+        }
         assert compute_score("aime24", "I give up", "8", format_bonus=0.2) == {
-            "score": 0.0, "acc": 0.0, "reason": "no_answer"}
+            "score": 0.0,
+            "acc": 0.0,
+            "reason": "no_answer",
+        }
 
     def test_pathological_answer_times_out(self) -> None:
         compute_score("math_dapo", r"\boxed{\sqrt{4}}", "2")  # warm the sandbox
@@ -248,7 +280,9 @@ def test_math_reward_is_bounded_on_degenerate_responses() -> None:
     huge = "9" * 5000  # more digits than int() converts: math-verify decides, not an internal error
     assert compute_score("math_dapo", "\\boxed{" + huge + "}", huge)["acc"] == 1.0
     assert compute_score("math_dapo", "\\boxed{" + huge + "}", huge[:-1] + "8", math_timeout_s=2.0)["reason"] in (
-        "mismatch", "timeout")
+        "mismatch",
+        "timeout",
+    )
 
 
 def test_threads_mixing_sql_and_math(db: Path) -> None:
@@ -282,8 +316,10 @@ def test_unnamed_sources_dispatch_on_extra_info(db: Path) -> None:
 def test_source_classification() -> None:
     assert all(is_sql_source(s) for s in ["bird", "spider", "ambiqt", "tiny_sql", "sql_custom", "SQL-x"])
     assert not is_sql_source("mysqlish")
-    assert all(is_math_source(s) for s in ["lighteval/MATH", "openai/gsm8k", "aime25", "amc23", "minerva_math",
-                                           "olympiadbench", "math_dapo"])
+    assert all(
+        is_math_source(s)
+        for s in ["lighteval/MATH", "openai/gsm8k", "aime25", "amc23", "minerva_math", "olympiadbench", "math_dapo"]
+    )
     assert not is_math_source("bird")
 
 

@@ -22,7 +22,10 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     second = new_run_dir(tmp_path / "p", "math_none", now=NOW)
     third = new_run_dir(tmp_path / "p", "math_none", now=NOW)
     assert [d.name for d in (first, second, third)] == [
-        "math_none-20260102-030405", "math_none-20260102-030405-2", "math_none-20260102-030405-3"]
+        "math_none-20260102-030405",
+        "math_none-20260102-030405-2",
+        "math_none-20260102-030405-3",
+    ]
     assert all(d.is_dir() for d in (first, second, third))
 
 

@@ -6,7 +6,6 @@ other heavy modules; each name is imported from its module on first access.
 
 from __future__ import annotations
 
-
 from verl_replay._lazy import lazy_exports
 
 __version__ = "0.1.0"

@@ -65,7 +65,7 @@ class ReplayConfig:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_mapping(cls, node: Optional[Mapping[str, Any]]) -> "ReplayConfig":
+    def from_mapping(cls, node: Optional[Mapping[str, Any]]) -> ReplayConfig:
         """Build and validate from the ``replay`` config node (None means all defaults)."""
         raw = _to_plain_dict(node)
         elite_raw = raw.pop("elite", None)
@@ -117,8 +117,11 @@ class ReplayConfig:
             if not isinstance(getattr(self, key), bool):
                 raise ReplayConfigError(f"replay.{key} must be true or false, got {getattr(self, key)!r}")
         if self.ppo_mini_batch_size is not None:
-            _positive_int("replay.ppo_mini_batch_size", self.ppo_mini_batch_size,
-                          hint="or null for actor_rollout_ref.actor.ppo_mini_batch_size")
+            _positive_int(
+                "replay.ppo_mini_batch_size",
+                self.ppo_mini_batch_size,
+                hint="or null for actor_rollout_ref.actor.ppo_mini_batch_size",
+            )
         if not _is_number(self.tau) or not math.isfinite(self.tau) or self.tau < 0:
             raise ReplayConfigError(
                 f"replay.tau must be a finite number >= 0 (the Policy Drift gate), got {self.tau!r}"
@@ -167,9 +170,7 @@ def _did_you_mean(prefix: str, key: str, known: set[str]) -> str:
 
 def _unknown_key_error(prefix: str, unknown: Sequence[str], known: set[str]) -> ReplayConfigError:
     names = ", ".join(f"{prefix}.{k}{_did_you_mean(prefix, k, known)}" for k in unknown)
-    return ReplayConfigError(
-        f"unknown setting(s) {names}; valid keys under {prefix} are: {', '.join(sorted(known))}"
-    )
+    return ReplayConfigError(f"unknown setting(s) {names}; valid keys under {prefix} are: {', '.join(sorted(known))}")
 
 
 def _reject_unknown(raw: Mapping[str, Any], cls: type, prefix: str) -> None:

@@ -72,8 +72,7 @@ class Console:
         self.close_progress()
         if not _isatty(self.err):
             return
-        self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step", file=self.err,
-                         leave=False)
+        self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step", file=self.err, leave=False)
 
     def advance(self, to_step: int) -> None:
         if self._bar is not None and to_step > self._bar.n:

@@ -124,7 +124,7 @@ def _sql_rows(path: Path) -> Iterable[tuple[int, str, Mapping[str, Any]]]:
     table = pq.read_table(path, columns=columns).to_pydict()
     sources = table.get("data_source", [None] * _table_len(table))
     infos = table.get("extra_info", [None] * _table_len(table))
-    for row, (source, info) in enumerate(zip(sources, infos)):
+    for row, (source, info) in enumerate(zip(sources, infos, strict=True)):
         info = info if isinstance(info, Mapping) else {}
         name = str(source or "").lower()
         if name in _SQL_SOURCES or name.startswith("sql") or info.get("db_path"):
@@ -185,4 +185,3 @@ def check_archive_file(key: str, path: Optional[str]) -> Path:
             f"for the tiny run: python -m verl_replay.elite.search --tiny --out {archive})"
         )
     return archive
-

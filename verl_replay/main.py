@@ -79,8 +79,12 @@ def _tiny_assets() -> Any:
     from verl_replay.data.tiny_assets import build_tiny_assets
 
     # A cached build is checked in well under a second; say something only when it builds.
-    notice = threading.Timer(TINY_BUILD_NOTICE_S, lambda: console().line(
-        "verl_replay: building the tiny assets (tokenizer, models, data; once per machine, a few minutes) ..."))
+    notice = threading.Timer(
+        TINY_BUILD_NOTICE_S,
+        lambda: console().line(
+            "verl_replay: building the tiny assets (tokenizer, models, data; once per machine, a few minutes) ..."
+        ),
+    )
     notice.daemon = True
     notice.start()
     try:
@@ -167,7 +171,9 @@ def check_verl_config(config: DictConfig) -> None:
 
     try:
         check_trainer_mode(config)
-        validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+        validate_config(
+            config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+        )
     except (ValueError, AssertionError, KeyError, TypeError) as error:
         raise StartupError(f"verl refuses the config: {_first_line(error)}") from None
 
@@ -197,9 +203,14 @@ def check_inputs(config: DictConfig, replay_config: ReplayConfig) -> None:
         check_sql_databases(key, files)
     model = config.actor_rollout_ref.model
     check_model_dir("actor_rollout_ref.model.path", model.path)
-    tokenizer_key = "actor_rollout_ref.model.tokenizer_path" if model.get("tokenizer_path") else "actor_rollout_ref.model.path"
-    tokenizer = check_tokenizer(tokenizer_key, model.get("tokenizer_path") or model.path,
-                                trust_remote_code=bool(model.get("trust_remote_code", False)))
+    tokenizer_key = (
+        "actor_rollout_ref.model.tokenizer_path" if model.get("tokenizer_path") else "actor_rollout_ref.model.path"
+    )
+    tokenizer = check_tokenizer(
+        tokenizer_key,
+        model.get("tokenizer_path") or model.path,
+        trust_remote_code=bool(model.get("trust_remote_code", False)),
+    )
     if replay_config.uses_elite:
         preflight_elite_archive(config, replay_config, tokenizer)
 
@@ -323,7 +334,9 @@ def claim_run_dir(config: DictConfig) -> RunDir:
 def dry_run_report(config: DictConfig, replay_config: ReplayConfig) -> int:
     out = console()
     out.line(OmegaConf.to_yaml(config).rstrip("\n"))
-    out.line(f"verl_replay: dry run OK (strategy={replay_config.strategy}, trainer_mode={config.trainer.v1.trainer_mode})")
+    out.line(
+        f"verl_replay: dry run OK (strategy={replay_config.strategy}, trainer_mode={config.trainer.v1.trainer_mode})"
+    )
     return EXIT_OK
 
 
@@ -433,8 +446,10 @@ def announce_start(config: DictConfig, replay_config: ReplayConfig, run_dir: Run
     if run_dir.kept_metrics is not None:
         out.line(f"verl_replay: the earlier metrics of this run dir are kept in {run_dir.kept_metrics.name}")
     if quiet:
-        out.line(f"verl_replay: verl's own output goes to {_shown(run_dir.path / LOG_FILE)} "
-                 "(verbose=true prints it here); starting Ray and the workers ...")
+        out.line(
+            f"verl_replay: verl's own output goes to {_shown(run_dir.path / LOG_FILE)} "
+            "(verbose=true prints it here); starting Ray and the workers ..."
+        )
 
 
 def announce_done(run_dir: Path, seconds: float, steps: Optional[int]) -> None:

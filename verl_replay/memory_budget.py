@@ -12,7 +12,8 @@ Counting rules (bytes; ``P`` parameters, ``dp`` training GPUs, ``T`` tokens of o
 - FSDP2 keeps fp32 master parameters (``4P/dp`` per rank), fp32 gradients (``4P_t/dp``) and
   AdamW's two fp32 moments (``8P_t/dp``), all sharded over ``dp`` ranks (0 on the GPU when
   offloaded). ``P_t`` counts the text model only: on text-only data a vision tower gets no
-  gradient, so neither a gradient nor AdamW state is ever allocated for it. A layer is all-gathered in bf16 for compute, the next one prefetched:
+  gradient, so neither a gradient nor AdamW state is ever allocated for it. A layer is all-gathered
+  in bf16 for compute, the next one prefetched:
   ``2 x 2 x`` (largest layer). The embedding (tied LM head) is the root module's and stays
   gathered through forward and backward: ``2VH``.
 - Logits are materialised in bf16 for the whole micro-batch: ``2TV`` (``2TV`` more for the
@@ -133,7 +134,7 @@ class ModelShape:
     architectures: tuple[str, ...] = ()
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any]) -> "ModelShape":
+    def from_hf_config(cls, config: Mapping[str, Any]) -> ModelShape:
         """Qwen3.5-style configs (``text_config`` + ``vision_config``) and flat decoder-only ones."""
         text = dict(config.get("text_config") or config)
         layers = int(text["num_hidden_layers"])
@@ -175,7 +176,7 @@ class ModelShape:
         )
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path) -> "ModelShape":
+    def from_model_dir(cls, model_dir: str | Path) -> ModelShape:
         path = Path(model_dir).expanduser() / "config.json"
         try:
             return cls.from_hf_config(json.loads(path.read_text(encoding="utf-8")))
@@ -221,8 +222,10 @@ class ModelShape:
 
     @property
     def largest_layer_params(self) -> int:
-        mixer = max(self.full_attention_layer_params if self.full_attention_layers else 0,
-                    self.linear_attention_layer_params if self.linear_attention_layers else 0)
+        mixer = max(
+            self.full_attention_layer_params if self.full_attention_layers else 0,
+            self.linear_attention_layer_params if self.linear_attention_layers else 0,
+        )
         return mixer + self.mlp_params + 2 * self.hidden_size
 
     @property
@@ -311,8 +314,16 @@ class RunSizes:
     max_num_seqs: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("train_gpus", "ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu", "max_model_len",
-                     "rollout_tensor_parallel", "max_num_batched_tokens", "max_num_seqs", "entropy_chunk_size"):
+        for name in (
+            "train_gpus",
+            "ppo_max_token_len_per_gpu",
+            "log_prob_max_token_len_per_gpu",
+            "max_model_len",
+            "rollout_tensor_parallel",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "entropy_chunk_size",
+        ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -375,18 +386,33 @@ def estimate(model: ModelShape, sizes: RunSizes) -> MemoryBudget:
     p, dp, v = model.total_params, sizes.train_gpus, model.vocab_size
     pt = model.text_params  # trained on text: the vision tower gets no gradient
     resident = [
-        BudgetRow("fp32 parameters (FSDP shard)", 0 if sizes.param_offload else 4 * p // dp,
-                  "offloaded to CPU" if sizes.param_offload else f"4 B x {p / 1e9:.2f}B params / {dp} GPUs"),
-        BudgetRow("fp32 gradients (FSDP shard)", 0 if sizes.param_offload else 4 * pt // dp,
-                  "offloaded to CPU" if sizes.param_offload else f"4 B x {pt / 1e9:.2f}B text params / {dp}"),
-        BudgetRow("AdamW moments (fp32, shard)", 0 if sizes.optimizer_offload else 8 * pt // dp,
-                  "offloaded to CPU" if sizes.optimizer_offload else f"8 B x text params / {dp}"),
-        BudgetRow("bf16 all-gather buffers", 2 * 2 * model.largest_layer_params + 2 * model.embedding_params,
-                  "current + prefetched layer, and the embedding / tied LM head"),
+        BudgetRow(
+            "fp32 parameters (FSDP shard)",
+            0 if sizes.param_offload else 4 * p // dp,
+            "offloaded to CPU" if sizes.param_offload else f"4 B x {p / 1e9:.2f}B params / {dp} GPUs",
+        ),
+        BudgetRow(
+            "fp32 gradients (FSDP shard)",
+            0 if sizes.param_offload else 4 * pt // dp,
+            "offloaded to CPU" if sizes.param_offload else f"4 B x {pt / 1e9:.2f}B text params / {dp}",
+        ),
+        BudgetRow(
+            "AdamW moments (fp32, shard)",
+            0 if sizes.optimizer_offload else 8 * pt // dp,
+            "offloaded to CPU" if sizes.optimizer_offload else f"8 B x text params / {dp}",
+        ),
+        BudgetRow(
+            "bf16 all-gather buffers",
+            2 * 2 * model.largest_layer_params + 2 * model.embedding_params,
+            "current + prefetched layer, and the embedding / tied LM head",
+        ),
         BudgetRow("CUDA context, NCCL, allocator slack", CUDA_RESERVE_BYTES, "fixed reserve (assumption)"),
     ]
-    entropy_rows = (min(sizes.entropy_chunk_size, sizes.ppo_max_token_len_per_gpu) if sizes.entropy_chunking
-                    else sizes.ppo_max_token_len_per_gpu)
+    entropy_rows = (
+        min(sizes.entropy_chunk_size, sizes.ppo_max_token_len_per_gpu)
+        if sizes.entropy_chunking
+        else sizes.ppo_max_token_len_per_gpu
+    )
     t = sizes.ppo_max_token_len_per_gpu
     if sizes.gradient_checkpointing:
         activations = 2 * t * model.hidden_size * model.num_layers + 2 * _layer_activation_bytes(model, t)
@@ -397,23 +423,42 @@ def estimate(model: ModelShape, sizes: RunSizes) -> MemoryBudget:
     scaled = 0 if sizes.temperature == 1 else 1  # logits / temperature is a copy
     train_pass = [
         BudgetRow("activations (training micro-batch)", activations, activation_how),
-        BudgetRow("logits (bf16)", (1 + scaled) * 2 * t * v,
-                  f"{1 + scaled} x 2 B x {t} tok x {v} vocab" + (" (+ temperature copy)" if scaled else "")),
-        BudgetRow("logits gradient", 0 if sizes.fused_cross_entropy else 2 * 2 * t * v,
-                  "in place (flash-attn cross-entropy)" if sizes.fused_cross_entropy
-                  else "saved log_softmax + gradient, 2 x 2 B x tok x vocab (no flash-attn)"),
-        BudgetRow("entropy (fp32 upcast)", 8 * entropy_rows * v,
-                  f"8 B x {entropy_rows} rows x vocab" + (" (chunked)" if sizes.entropy_chunking else " (not chunked)")),
+        BudgetRow(
+            "logits (bf16)",
+            (1 + scaled) * 2 * t * v,
+            f"{1 + scaled} x 2 B x {t} tok x {v} vocab" + (" (+ temperature copy)" if scaled else ""),
+        ),
+        BudgetRow(
+            "logits gradient",
+            0 if sizes.fused_cross_entropy else 2 * 2 * t * v,
+            "in place (flash-attn cross-entropy)"
+            if sizes.fused_cross_entropy
+            else "saved log_softmax + gradient, 2 x 2 B x tok x vocab (no flash-attn)",
+        ),
+        BudgetRow(
+            "entropy (fp32 upcast)",
+            8 * entropy_rows * v,
+            f"8 B x {entropy_rows} rows x vocab" + (" (chunked)" if sizes.entropy_chunking else " (not chunked)"),
+        ),
     ]
     t_lp = sizes.log_prob_max_token_len_per_gpu
     lp_rows = min(sizes.entropy_chunk_size, t_lp) if sizes.entropy_chunking else t_lp
     logprob_pass = [
-        BudgetRow("activations (log-prob micro-batch)", _layer_activation_bytes(model, t_lp),
-                  f"one layer at a time, {t_lp} tok, no gradients"),
-        BudgetRow("logits (bf16)", (1 + scaled) * 2 * t_lp * v,
-                  f"{1 + scaled} x 2 B x {t_lp} tok x {v} vocab" + (" (+ temperature copy)" if scaled else "")),
-        BudgetRow("entropy (fp32 upcast)", 8 * lp_rows * v,
-                  f"8 B x {lp_rows} rows x vocab" + (" (chunked)" if sizes.entropy_chunking else " (not chunked)")),
+        BudgetRow(
+            "activations (log-prob micro-batch)",
+            _layer_activation_bytes(model, t_lp),
+            f"one layer at a time, {t_lp} tok, no gradients",
+        ),
+        BudgetRow(
+            "logits (bf16)",
+            (1 + scaled) * 2 * t_lp * v,
+            f"{1 + scaled} x 2 B x {t_lp} tok x {v} vocab" + (" (+ temperature copy)" if scaled else ""),
+        ),
+        BudgetRow(
+            "entropy (fp32 upcast)",
+            8 * lp_rows * v,
+            f"8 B x {lp_rows} rows x vocab" + (" (chunked)" if sizes.entropy_chunking else " (not chunked)"),
+        ),
     ]
     budget.resident, budget.update_pass, budget.logprob_pass = resident, train_pass, logprob_pass
 
@@ -429,20 +474,31 @@ def estimate(model: ModelShape, sizes: RunSizes) -> MemoryBudget:
     budget.kv_sequences = kv // per_sequence if per_sequence else 0
     budget.rollout = [
         BudgetRow("bf16 weights", weights, f"2 B x params / TP {tp}"),
-        BudgetRow("profiling peak (activations + sampler logits)", peak,
-                  f"{sizes.max_num_batched_tokens} batched tok x (2H + 2I) x 2 B + {sizes.max_num_seqs} seqs x vocab x 4 B"),
-        BudgetRow("KV cache + linear-attention state", kv,
-                  f"rest of {sizes.gpu_memory_utilization:g} x {sizes.rollout_gpu_memory_gib:g} GiB: "
-                  f"{per_token // 1024} KiB/token, {budget.kv_sequences} sequences of {sizes.max_model_len} tokens"),
+        BudgetRow(
+            "profiling peak (activations + sampler logits)",
+            peak,
+            f"{sizes.max_num_batched_tokens} batched tok x (2H + 2I) x 2 B + {sizes.max_num_seqs} seqs x vocab x 4 B",
+        ),
+        BudgetRow(
+            "KV cache + linear-attention state",
+            kv,
+            f"rest of {sizes.gpu_memory_utilization:g} x {sizes.rollout_gpu_memory_gib:g} GiB: "
+            f"{per_token // 1024} KiB/token, {budget.kv_sequences} sequences of {sizes.max_model_len} tokens",
+        ),
     ]
 
     copies = 2 if sizes.parameter_sync_step > 1 else 1
     budget.host = [
-        BudgetRow("pi_old / current weight copies (separate_async)", copies * 4 * p // dp,
-                  f"{copies} x fp32 shard (save_model_to_cpu)"),
+        BudgetRow(
+            "pi_old / current weight copies (separate_async)",
+            copies * 4 * p // dp,
+            f"{copies} x fp32 shard (save_model_to_cpu)",
+        ),
     ]
     if sizes.param_offload:
-        budget.host.append(BudgetRow("offloaded parameters + gradients", (4 * p + 4 * pt) // dp, "4 B x (params + text params) / dp"))
+        budget.host.append(
+            BudgetRow("offloaded parameters + gradients", (4 * p + 4 * pt) // dp, "4 B x (params + text params) / dp")
+        )
     if sizes.optimizer_offload:
         budget.host.append(BudgetRow("offloaded AdamW moments", 8 * pt // dp, "8 B x text params / dp"))
     return budget
@@ -466,13 +522,17 @@ def format_markdown(budget: MemoryBudget) -> str:
         "| GPU | phase | item | GiB | how |",
         "|---|---|---|---:|---|",
     ]
-    for phase, rows in (("resident", budget.resident), ("update pass", budget.update_pass),
-                        ("log-prob pass", budget.logprob_pass)):
+    for phase, rows in (
+        ("resident", budget.resident),
+        ("update pass", budget.update_pass),
+        ("log-prob pass", budget.logprob_pass),
+    ):
         for row in rows:
             lines.append(f"| training | {phase} | {row.what} | {_gib(row.bytes)} | {row.how} |")
     for phase, total in (("update pass", budget.update_total), ("log-prob pass", budget.logprob_total)):
         lines.append(
-            f"| training | {phase} | **total** (resident + {phase}) | **{_gib(total)}** | of {s.train_gpu_memory_gib:g} GiB |"
+            f"| training | {phase} | **total** (resident + {phase}) | **{_gib(total)}** "
+            f"| of {s.train_gpu_memory_gib:g} GiB |"
         )
     for row in budget.rollout:
         lines.append(f"| rollout | serving | {row.what} | {_gib(row.bytes)} | {row.how} |")
@@ -489,8 +549,9 @@ def budget_lines(budget: MemoryBudget) -> list[str]:
     """Short lines for a console report."""
     s = budget.sizes
     return [
-        f"training GPU: {_gib(budget.training_total)} GiB of {s.train_gpu_memory_gib:g} GiB at the {budget.training_pass} "
-        f"({s.ppo_max_token_len_per_gpu} / {s.log_prob_max_token_len_per_gpu} tokens per update / log-prob micro-batch)",
+        f"training GPU: {_gib(budget.training_total)} GiB of {s.train_gpu_memory_gib:g} GiB "
+        f"at the {budget.training_pass} ({s.ppo_max_token_len_per_gpu} / {s.log_prob_max_token_len_per_gpu} "
+        "tokens per update / log-prob micro-batch)",
         f"rollout GPU: {_gib(budget.rollout[0].bytes)} GiB weights, {_gib(budget.rollout[-1].bytes)} GiB KV cache "
         f"({budget.kv_sequences} sequences of {s.max_model_len} tokens at once)",
     ]

@@ -43,8 +43,12 @@ def plan_mini_batches(
     The size is rounded up to the next value that satisfies it. Without extra rows the result
     never exceeds the configured size, which satisfies it already (verl requires it).
     """
-    for name, value in (("num_groups", num_groups), ("configured_groups", configured_groups),
-                        ("rows_per_group", rows_per_group), ("row_multiple", row_multiple)):
+    for name, value in (
+        ("num_groups", num_groups),
+        ("configured_groups", configured_groups),
+        ("rows_per_group", rows_per_group),
+        ("row_multiple", row_multiple),
+    ):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if not isinstance(extra_rows, int) or extra_rows < 0:

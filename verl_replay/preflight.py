@@ -28,15 +28,22 @@ PREFIX = "[preflight]"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verl_replay.preflight", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m verl_replay.preflight",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--stages", default="train", help="comma-separated: search, train, eval (default: train)")
     p.add_argument("--generation-gpus", type=int, default=1, help="GPUs of the search / eval engine (default: 1)")
     p.add_argument("--json", type=Path, default=None, help="write the checks to this JSON file too")
     p.add_argument("--memory-table", action="store_true", help="print the memory budget table and exit")
     p.add_argument("--gpu-memory-gib", type=float, default=80.0, help="--memory-table: GPU size (default: 80)")
-    p.add_argument("--choose-attn", metavar="REQUESTED", default=None,
-                   help="print the attention implementation for REQUESTED (auto or a name) and exit")
+    p.add_argument(
+        "--choose-attn",
+        metavar="REQUESTED",
+        default=None,
+        help="print the attention implementation for REQUESTED (auto or a name) and exit",
+    )
     return p
 
 
@@ -65,8 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     checks, budget = pf.run_checks(config, stages=stages, generation_gpus=options.generation_gpus)
     model = pf.config_value(config, "actor_rollout_ref.model.path", "?")
     mode = pf.config_value(config, "trainer.v1.trainer_mode", "sync")
-    print(f"{PREFIX} trainer.device={pf.config_value(config, 'trainer.device', 'cuda')} trainer_mode={mode} "
-          f"stages={','.join(stages)} model={model}", flush=True)
+    print(
+        f"{PREFIX} trainer.device={pf.config_value(config, 'trainer.device', 'cuda')} trainer_mode={mode} "
+        f"stages={','.join(stages)} model={model}",
+        flush=True,
+    )
     for check in checks:
         for line in check.lines():
             print(f"{PREFIX} {line}")
@@ -91,7 +101,9 @@ def _memory_table(pf, config: dict, gpu_memory_gib: float) -> int:
     except (OSError, ValueError):
         hf_config = None
     shape = ModelShape.from_hf_config(hf_config) if hf_config else pf.reference_shape()
-    source = f"{path}/config.json" if hf_config else "the Qwen3.5-4B shape (verl_replay.memory_budget.QWEN3_5_4B_CONFIG)"
+    source = (
+        f"{path}/config.json" if hf_config else "the Qwen3.5-4B shape (verl_replay.memory_budget.QWEN3_5_4B_CONFIG)"
+    )
     fused = pf.attention_of(config) in pf.ATTN_FLASH  # flash attention implies flash-attn's fused cross-entropy
     budget = estimate(shape, pf.run_sizes(config, gpu_memory_gib, fused_cross_entropy=fused))
     print(f"Model shape from {source}; attention {pf.attention_of(config)}.\n")

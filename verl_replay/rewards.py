@@ -60,8 +60,15 @@ def _result(correct: bool, well_formed: bool, reason: str, format_bonus: float) 
     return {"score": score, "acc": 1.0 if correct else 0.0, "reason": reason}
 
 
-def _sql_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None,
-               format_bonus: float, timeout_s: float, isolation: str) -> dict[str, Any]:
+def _sql_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict[str, Any] | None,
+    format_bonus: float,
+    timeout_s: float,
+    isolation: str,
+) -> dict[str, Any]:
     from verl_replay.verifiers.sql import verify_sql
 
     info = dict(extra_info or {})
@@ -88,7 +95,12 @@ def _sql_score(data_source: str, solution_str: str, ground_truth: Any, extra_inf
     reasons = ["gold_error"]
     for gold in golds:  # correct if it matches any gold interpretation
         outcome = verify_sql(
-            db_path, predicted, str(gold), semantics=semantics, timeout_s=timeout_s, isolation=isolation  # type: ignore[arg-type]
+            db_path,
+            predicted,
+            str(gold),
+            semantics=semantics,
+            timeout_s=timeout_s,
+            isolation=isolation,  # type: ignore[arg-type]
         )
         if outcome.correct:
             return _result(True, True, outcome.reason, format_bonus)

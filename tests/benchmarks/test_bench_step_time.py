@@ -30,13 +30,19 @@ bench = _load()
 
 
 def _shell_replay_rounds(fresh: int, replay: int, mini: int) -> int:
-    out = subprocess.run(["bash", "-c", f'source "{COMMON_SH}"; replay_rounds {fresh} {replay} {mini}'],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["bash", "-c", f'source "{COMMON_SH}"; replay_rounds {fresh} {replay} {mini}'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(out.stdout.strip())
 
 
-@pytest.mark.parametrize("fresh,replay,mini", [(4, 2, 2), (8, 4, 2), (32, 16, 8), (32, 32, 8), (6, 3, 3),
-                                               (4, 2, 1), (2, 1, 2), (12, 6, 4), (16, 8, 2)])
+@pytest.mark.parametrize(
+    "fresh,replay,mini",
+    [(4, 2, 2), (8, 4, 2), (32, 16, 8), (32, 32, 8), (6, 3, 3), (4, 2, 1), (2, 1, 2), (12, 6, 4), (16, 8, 2)],
+)
 def test_replay_rounds_follow_the_recipes(fresh, replay, mini):
     assert bench.replay_rounds(fresh, replay, mini) == _shell_replay_rounds(fresh, replay, mini)
 
@@ -98,14 +104,17 @@ def test_generation_probe_times_each_on_policy_arms_rollouts(tiny_assets):
     assert 4 <= probe["response_tokens"]["matched"] <= 4 * 8 and 6 <= probe["response_tokens"]["larger"] <= 6 * 8
     results = {"matched": {"medians": {"timing_s/step": 4.0}}, "larger": {"medians": {"timing_s/step": 5.0}}}
     share = bench.summarize(results, probe)["generation_probe"]["share_of_step"]
-    assert share == pytest.approx({"matched": probe["seconds"]["matched"] / 4.0,
-                                   "larger": probe["seconds"]["larger"] / 5.0})
+    assert share == pytest.approx(
+        {"matched": probe["seconds"]["matched"] / 4.0, "larger": probe["seconds"]["larger"] / 5.0}
+    )
     assert "generation alone (probe, max_num_seqs=2)" in bench.format_summary(bench.summarize(results, probe))
 
 
 def test_steady_medians_skip_the_warmup_steps():
-    metrics = [{"training/global_step": i, "timing_s/step": t, "flag": True}
-               for i, t in enumerate([50.0, 9.0, 3.0, 5.0, 4.0], start=1)]
+    metrics = [
+        {"training/global_step": i, "timing_s/step": t, "flag": True}
+        for i, t in enumerate([50.0, 9.0, 3.0, 5.0, 4.0], start=1)
+    ]
     medians, steps = bench.steady_medians(metrics, warmup=2)
     assert steps == [3, 4, 5] and medians["timing_s/step"] == 4.0
     assert "flag" not in medians  # booleans are not timings
@@ -114,9 +123,17 @@ def test_steady_medians_skip_the_warmup_steps():
 
 
 def test_summary_ratios_are_ratios_of_the_median_steps():
-    results = {name: {"medians": {"timing_s/step": t, "timing_s/gen": t / 4, "replay/overhead_seconds": 0.1,
-                                  "replay/scan_forward_seconds": 0.2}}
-               for name, t in [("matched", 2.0), ("larger", 3.0), ("headroom_drift", 2.5), ("naive", 2.2)]}
+    results = {
+        name: {
+            "medians": {
+                "timing_s/step": t,
+                "timing_s/gen": t / 4,
+                "replay/overhead_seconds": 0.1,
+                "replay/scan_forward_seconds": 0.2,
+            }
+        }
+        for name, t in [("matched", 2.0), ("larger", 3.0), ("headroom_drift", 2.5), ("naive", 2.2)]
+    }
     summary = bench.summarize(results)
     assert summary["ratios"]["headroom_drift/larger"] == pytest.approx(2.5 / 3.0)
     assert summary["ratios"]["naive/matched"] == pytest.approx(1.1)
@@ -130,8 +147,14 @@ def test_summary_ratios_are_ratios_of_the_median_steps():
 def test_quick_mode_writes_a_report_that_matches_the_runs(tmp_path):
     out = tmp_path / "bench"
     env = {k: v for k, v in os.environ.items() if k != "VERL_FILE_LOGGER_PATH"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(out)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "headroom_drift/matched" in proc.stdout and "timing_s/update_actor" in proc.stdout
 
@@ -155,4 +178,6 @@ def test_quick_mode_writes_a_report_that_matches_the_runs(tmp_path):
         shares = [accepted // 2 + accepted % 2, accepted // 2]
         assert m["replay/optimizer_steps"] == sum(-(-(2 + share) // 2) for share in shares)
     ratio = report["summary"]["ratios"]["headroom_drift/matched"]
-    assert ratio == pytest.approx(hd["medians"]["timing_s/step"] / report["arms"]["matched"]["medians"]["timing_s/step"])
+    assert ratio == pytest.approx(
+        hd["medians"]["timing_s/step"] / report["arms"]["matched"]["medians"]["timing_s/step"]
+    )

@@ -13,7 +13,9 @@ def _write_run(tmp_path, lines, *, prompts=4, n=4, eval_doc=None):
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in lines))
-    (run / "config.yaml").write_text(f"data:\n  train_batch_size: {prompts}\nactor_rollout_ref:\n  rollout:\n    n: {n}\n")
+    (run / "config.yaml").write_text(
+        f"data:\n  train_batch_size: {prompts}\nactor_rollout_ref:\n  rollout:\n    n: {n}\n"
+    )
     if eval_doc is not None:
         (run / "eval").mkdir()
         (run / "eval" / "results.json").write_text(json.dumps(eval_doc))
@@ -21,19 +23,53 @@ def _write_run(tmp_path, lines, *, prompts=4, n=4, eval_doc=None):
 
 
 def _val(mean, best, src="tiny_math", n=2):
-    return {f"val-core/{src}/acc/mean@{n}": mean, f"val-core/{src}/acc/best@{n}/mean": best,
-            f"val-core/{src}/acc/best@{n}/std": 0.1, f"val-aux/{src}/score/mean@{n}": 9.0}
+    return {
+        f"val-core/{src}/acc/mean@{n}": mean,
+        f"val-core/{src}/acc/best@{n}/mean": best,
+        f"val-core/{src}/acc/best@{n}/std": 0.1,
+        f"val-aux/{src}/score/mean@{n}": 9.0,
+    }
 
 
 def test_collect_run_hand_computed(tmp_path):
     lines = [
         (0, _val(0.1, 0.2)),
-        (1, {"timing_s/step": 2.0, "replay/scanned": 0, "replay/candidates": 0, "replay/acceptance_rate": 0.0,
-             "replay/token_share": 0.0, "replay/accepted": 0}),
-        (2, {"timing_s/step": 4.0, "replay/scanned": 4, "replay/candidates": 3, "replay/acceptance_rate": 0.5,
-             "replay/token_share": 0.3, "replay/accepted": 2, "replay/replay_kl_accepted/mean": 0.002, **_val(0.3, 0.5)}),
-        (3, {"timing_s/step": 6.0, "replay/scanned": 2, "replay/candidates": 6, "replay/acceptance_rate": 1.0,
-             "replay/token_share": 0.1, "replay/accepted": 2, "replay/replay_kl_accepted/mean": 0.004}),
+        (
+            1,
+            {
+                "timing_s/step": 2.0,
+                "replay/scanned": 0,
+                "replay/candidates": 0,
+                "replay/acceptance_rate": 0.0,
+                "replay/token_share": 0.0,
+                "replay/accepted": 0,
+            },
+        ),
+        (
+            2,
+            {
+                "timing_s/step": 4.0,
+                "replay/scanned": 4,
+                "replay/candidates": 3,
+                "replay/acceptance_rate": 0.5,
+                "replay/token_share": 0.3,
+                "replay/accepted": 2,
+                "replay/replay_kl_accepted/mean": 0.002,
+                **_val(0.3, 0.5),
+            },
+        ),
+        (
+            3,
+            {
+                "timing_s/step": 6.0,
+                "replay/scanned": 2,
+                "replay/candidates": 6,
+                "replay/acceptance_rate": 1.0,
+                "replay/token_share": 0.1,
+                "replay/accepted": 2,
+                "replay/replay_kl_accepted/mean": 0.004,
+            },
+        ),
     ]
     r = collect_run(_write_run(tmp_path, lines), expected_steps=3)
     assert r["steps"] == 3 and r["fresh_responses"] == 3 * 4 * 4
@@ -48,10 +84,31 @@ def test_collect_run_hand_computed(tmp_path):
 
 def test_naive_replay_has_no_replay_kl(tmp_path):
     """Naive replay never scores its groups: no KL key in its metrics, None in the comparison."""
-    lines = [(1, {"timing_s/step": 2.0, "replay/scanned": 0, "replay/candidates": 0, "replay/acceptance_rate": 0.0,
-                  "replay/token_share": 0.0, "replay/accepted": 0}),
-             (2, {"timing_s/step": 2.0, "replay/scanned": 2, "replay/candidates": 2, "replay/acceptance_rate": 1.0,
-                  "replay/token_share": 0.25, "replay/accepted": 2, **_val(0.3, 0.5)})]
+    lines = [
+        (
+            1,
+            {
+                "timing_s/step": 2.0,
+                "replay/scanned": 0,
+                "replay/candidates": 0,
+                "replay/acceptance_rate": 0.0,
+                "replay/token_share": 0.0,
+                "replay/accepted": 0,
+            },
+        ),
+        (
+            2,
+            {
+                "timing_s/step": 2.0,
+                "replay/scanned": 2,
+                "replay/candidates": 2,
+                "replay/acceptance_rate": 1.0,
+                "replay/token_share": 0.25,
+                "replay/accepted": 2,
+                **_val(0.3, 0.5),
+            },
+        ),
+    ]
     r = collect_run(_write_run(tmp_path, lines), expected_steps=2)
     assert r["replay_kl_accepted"] is None and r["replay_token_share"] == pytest.approx(0.25)
 

@@ -19,11 +19,29 @@ pytestmark = pytest.mark.e2e
 
 
 def _compare(out, *extra, timeout=600):
-    cmd = [sys.executable, "-m", "verl_replay.compare", "--comparison", "headroom_drift",
-           "--arms", "headroom_drift", "--seeds", "1", "--steps", "2", "--test-freq", "2",
-           "--val-n", "2", "--out", str(out), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "verl_replay.compare",
+        "--comparison",
+        "headroom_drift",
+        "--arms",
+        "headroom_drift",
+        "--seeds",
+        "1",
+        "--steps",
+        "2",
+        "--test-freq",
+        "2",
+        "--val-n",
+        "2",
+        "--out",
+        str(out),
+        *extra,
+    ]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
 
 
 def test_compare_smoke_writes_json_table_and_png(tmp_path):
@@ -42,7 +60,10 @@ def test_compare_smoke_writes_json_table_and_png(tmp_path):
     assert [p["step"] for p in result["val_curve"]] == [0, 2]  # before training + test_freq
     assert all(0.0 <= p["mean"] <= p["best"] <= 1.0 for p in result["val_curve"])
     assert result["step_time_s"] > 0 and arm["summary"]["final_mean"]["n"] == 1
-    assert "TRAIN_PROMPTS=8" in result["command"] and (out / "runs" / "headroom_drift" / "headroom_drift" / "seed1").is_dir()
+    assert (
+        "TRAIN_PROMPTS=8" in result["command"]
+        and (out / "runs" / "headroom_drift" / "headroom_drift" / "seed1").is_dir()
+    )
     share = result["replay_token_share"]  # step 2 had a buffer to replay from
     assert share is not None and 0.0 <= share < 1.0
     table = (out / "table.md").read_text()

@@ -15,8 +15,14 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
 def _plan(tmp_path, **kw):
-    args = dict(comparisons=["headroom_drift", "elite"], profile=tiny_profile(), seeds=[1, 2, 3],
-                out_dir=tmp_path, recipes_dir=RECIPES, python="python")
+    args = dict(
+        comparisons=["headroom_drift", "elite"],
+        profile=tiny_profile(),
+        seeds=[1, 2, 3],
+        out_dir=tmp_path,
+        recipes_dir=RECIPES,
+        python="python",
+    )
     args.update(kw)
     return build_plan(**args)
 
@@ -94,16 +100,22 @@ def test_shell_line_round_trips(tmp_path):
 
     run = _plan(tmp_path, seeds=[2]).runs[0]
     words = shlex.split(run.shell())
-    assert words[0] == "env" and f"RUN_DIR={run.run_dir}" in words and words[-len(run.argv):] == run.argv
+    assert words[0] == "env" and f"RUN_DIR={run.run_dir}" in words and words[-len(run.argv) :] == run.argv
 
 
 def test_cli_dry_run_prints_every_command(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "verl_replay.compare", "--profile", "paper", "--out", str(tmp_path)],
-                         env={"DRY_RUN": "1", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "verl_replay.compare", "--profile", "paper", "--out", str(tmp_path)],
+        env={"DRY_RUN": "1", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     lines = [line for line in out.stdout.splitlines() if line.startswith("env ")]
     assert len(lines) == 1 + 3 * 7  # the archive search + every (arm, seed)
     assert not any(tmp_path.iterdir())  # nothing ran, nothing written
-    bad = subprocess.run([sys.executable, "-m", "verl_replay.compare", "--dry-run", "--arms", "nope"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "verl_replay.compare", "--dry-run", "--arms", "nope"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "--arms" in bad.stderr
     assert math.isfinite(tau_rule())

@@ -30,9 +30,19 @@ def test_noise_verdict_two_standard_errors():
 
 def _result(final, best, curve_vals, t=2.0, acc=None, ev=None):
     curve = [{"step": 2 * i, "mean": v, "best": v + 0.1, "n": 2} for i, v in enumerate(curve_vals)]
-    return {"final_mean": final, "final_best": best, "fresh_responses": 96, "step_time_s": t,
-            "replay_acceptance": acc, "replay_token_share": None, "replay_kl_accepted": None,
-            "elite_token_share": None, "val_curve": curve, "val_n": 2, "eval": ev}
+    return {
+        "final_mean": final,
+        "final_best": best,
+        "fresh_responses": 96,
+        "step_time_s": t,
+        "replay_acceptance": acc,
+        "replay_token_share": None,
+        "replay_kl_accepted": None,
+        "elite_token_share": None,
+        "val_curve": curve,
+        "val_n": 2,
+        "eval": ev,
+    }
 
 
 ARMS = [{"name": "grpo_matched", "label": "GRPO b16"}, {"name": "headroom_drift", "label": "HD"}]
@@ -68,4 +78,8 @@ def test_elite_table_has_pass_at_k_and_strategies():
     comp = aggregate("elite", [{"name": "grpo", "label": "GRPO"}], runs)
     assert comp["pass_k_max"] == 4
     table = format_table(comp)
-    assert "pass@4" in table and "distinct correct strategies" in table and "| GRPO | 1 | 10.0 | 25.0 | 50.0 | 1.00 |" in table
+    assert (
+        "pass@4" in table
+        and "distinct correct strategies" in table
+        and "| GRPO | 1 | 10.0 | 25.0 | 50.0 | 1.00 |" in table
+    )

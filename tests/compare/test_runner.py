@@ -11,8 +11,14 @@ from verl_replay.compare.runner import DONE_FILE, read_done, run_plan
 
 def _spec(tmp_path: Path, name: str, code: str) -> RunSpec:
     arm = Arm("headroom_drift", name, name, "unused.sh")
-    return RunSpec(arm, 1, tmp_path / "runs" / name, tmp_path / "logs" / f"{name}.log", {"COMPARE_TEST": name},
-                   [sys.executable, "-c", code])
+    return RunSpec(
+        arm,
+        1,
+        tmp_path / "runs" / name,
+        tmp_path / "logs" / f"{name}.log",
+        {"COMPARE_TEST": name},
+        [sys.executable, "-c", code],
+    )
 
 
 def _plan(tmp_path: Path, runs: list[RunSpec]) -> Plan:

@@ -119,7 +119,8 @@ def test_concurrent_builders_produce_one_complete_build(tiny, tmp_path):
     root = tmp_path / "shared"
     code = (
         "import sys, json; from verl_replay.data.tiny_assets import build_tiny_assets; "
-        "a = build_tiny_assets(sys.argv[1], warm_start_steps={'math': 2, 'sql': 2}); print(json.dumps([a.built_now, a.manifest()['files']]))"
+        "a = build_tiny_assets(sys.argv[1], warm_start_steps={'math': 2, 'sql': 2}); "
+        "print(json.dumps([a.built_now, a.manifest()['files']]))"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [
@@ -202,7 +203,9 @@ def test_chat_template_renders_qwen_format(tiny):
     assert tok.decode(ids) == text
     # Processors hand content over as a list of parts; text parts render like a string, image and
     # video parts as Qwen's placeholders (which the processor expands to one pad token per patch).
-    parts = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is 2 + 3?"}, {"type": "video"}]}]
+    parts = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is 2 + 3?"}, {"type": "video"}]}
+    ]
     assert tok.apply_chat_template(parts, tokenize=False) == (
         "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is 2 + 3?"
         "<|vision_start|><|video_pad|><|vision_end|><|im_end|>\n"
@@ -323,7 +326,9 @@ def test_verl_builds_mrope_position_ids_through_the_processor(tiny):
     assert type(processor).__name__ == "Qwen3VLProcessor" and hasattr(processor, "get_rope_index")
     worker = AgentLoopWorker.__new__(AgentLoopWorker)  # only the processor is read
     worker.processor = processor
-    text = processor.apply_chat_template([{"role": "user", "content": "What is 7 + 5?"}], add_generation_prompt=True, tokenize=False)
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": "What is 7 + 5?"}], add_generation_prompt=True, tokenize=False
+    )
     features = dict(processor(text=[text], return_tensors="pt"))
     input_ids, attention_mask = features.pop("input_ids"), features.pop("attention_mask")  # [1, L]
     position_ids = worker._compute_position_ids(input_ids, attention_mask, features)  # [1, 4, L]
@@ -504,7 +509,9 @@ def test_packed_sequences_on_cpu(tiny, tmp_path, arch, separated):
     CPU) carries state across the boundary, so a packed Qwen3.5 row is NOT equal to separate
     rows on CPU. If this starts passing for qwen3_5, packing on CPU became safe."""
     model_dir = (
-        tiny.model_dir if arch == "qwen3_5" else build_tiny_assets(tmp_path / "q2", model_arch="qwen2", warm_start_steps=FAST).model_dir
+        tiny.model_dir
+        if arch == "qwen3_5"
+        else build_tiny_assets(tmp_path / "q2", model_arch="qwen2", warm_start_steps=FAST).model_dir
     )
     _, model, tok = _load_model(model_dir)
     model.eval()
@@ -565,14 +572,24 @@ def test_default_warm_start_gives_mixed_answers(tiny_assets):
         accs = []
         torch.manual_seed(0)
         for _, row in rows.iterrows():
-            prompt = tokenizer.apply_chat_template(list(row["prompt"]), add_generation_prompt=True, tokenize=True, return_dict=False)
+            prompt = tokenizer.apply_chat_template(
+                list(row["prompt"]), add_generation_prompt=True, tokenize=True, return_dict=False
+            )
             outputs = model.generate(
-                torch.tensor([prompt] * 4), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                max_new_tokens=caps[task], pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                torch.tensor([prompt] * 4),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=caps[task],
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
             )
             for output in outputs:
-                text = tokenizer.decode(output[len(prompt):], skip_special_tokens=True)
-                score = compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], dict(row["extra_info"]))
+                text = tokenizer.decode(output[len(prompt) :], skip_special_tokens=True)
+                score = compute_score(
+                    row["data_source"], text, row["reward_model"]["ground_truth"], dict(row["extra_info"])
+                )
                 accs.append(score["acc"])
         accuracy = sum(accs) / len(accs)
         assert 0.0 < accuracy < 0.9, (model_dir.name, accuracy)

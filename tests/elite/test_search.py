@@ -143,8 +143,12 @@ def test_manifest_records_provenance_config_and_denominators(full_run, tiny_asse
     totals = manifest["counts"]["totals"]
     assert totals == summary.counts
     assert totals["attempts"] == (
-        totals["truncated"] + totals["parse_failures"] + totals["verification_failures"] + totals["not_added"]
-        + totals["new"] + totals["improved"]
+        totals["truncated"]
+        + totals["parse_failures"]
+        + totals["verification_failures"]
+        + totals["not_added"]
+        + totals["new"]
+        + totals["improved"]
     )
     assert manifest["coverage"]["cells"] == manifest["num_entries"] == summary.coverage["cells"]
     # mutations: each question asked for MUTATIONS distinct approaches (2 per round, top-ranked)
@@ -164,14 +168,26 @@ def test_generations_cut_off_by_the_length_limit_never_enter_the_archive(tiny_as
     """SPEC 2.1: with a token limit that cuts off a good part of the tiny model's answers, the
     cut-off generations are counted as ``truncated`` -- their own failure kind, in every
     denominator -- and none becomes an elite (an unclosed ```sql block would still verify)."""
-    config = make_config(tiny_assets, tmp_path / "short.parquet", limit=4, seeds_per_question=8,
-                         mutations_per_question=0, rounds=1, max_new_tokens=24, verify_workers=1)
+    config = make_config(
+        tiny_assets,
+        tmp_path / "short.parquet",
+        limit=4,
+        seeds_per_question=8,
+        mutations_per_question=0,
+        rounds=1,
+        max_new_tokens=24,
+        verify_workers=1,
+    )
     summary = run_search(config, backend=backend)
     totals = summary.counts
     assert 0 < totals["truncated"] < totals["attempts"] == 4 * 8
     assert totals["attempts"] == (
-        totals["truncated"] + totals["parse_failures"] + totals["verification_failures"] + totals["not_added"]
-        + totals["new"] + totals["improved"]
+        totals["truncated"]
+        + totals["parse_failures"]
+        + totals["verification_failures"]
+        + totals["not_added"]
+        + totals["new"]
+        + totals["improved"]
     )
     assert summary.verification["pooled"] == totals["attempts"] - totals["truncated"]  # never verified
     manifest = json.loads(manifest_path(config.out).read_text())
@@ -225,10 +241,22 @@ def test_resume_gives_the_same_archive(full_run, tiny_assets, backend, tmp_path)
 
 def test_resume_refuses_a_different_config(full_run, tiny_assets, backend, tmp_path) -> None:
     out = tmp_path / "a.parquet"
-    run_search(make_config(tiny_assets, out, stop_after_round=0, mutations_per_question=0, rounds=1,
-                           seeds_per_question=2, limit=2), backend=backend)
-    changed = make_config(tiny_assets, out, resume=True, mutations_per_question=0, rounds=1, seeds_per_question=2,
-                          limit=2, temperature=0.7)
+    run_search(
+        make_config(
+            tiny_assets, out, stop_after_round=0, mutations_per_question=0, rounds=1, seeds_per_question=2, limit=2
+        ),
+        backend=backend,
+    )
+    changed = make_config(
+        tiny_assets,
+        out,
+        resume=True,
+        mutations_per_question=0,
+        rounds=1,
+        seeds_per_question=2,
+        limit=2,
+        temperature=0.7,
+    )
     with pytest.raises(SearchError, match=r"cannot --resume .*temperature: saved 1\.0, now 0\.7"):
         run_search(changed, backend=backend)
     with pytest.raises(SearchError, match="pass --resume to continue it or --overwrite"):
@@ -262,10 +290,27 @@ def test_clear_errors_for_bad_inputs(tiny_assets, tmp_path, capsys) -> None:
 def test_cli_subprocess_prints_a_json_summary(tiny_assets, tmp_path) -> None:
     out = tmp_path / "cli.parquet"
     command = [
-        sys.executable, "-m", "verl_replay.elite.search",
-        "--data", str(tiny_assets.sql_train), "--model", str(tiny_assets.sql_model_dir), "--out", str(out),
-        "--limit", "3", "--seeds-per-question", "4", "--mutations-per-question", "2", "--rounds", "1",
-        "--max-new-tokens", "64", "--verify-workers", "1",
+        sys.executable,
+        "-m",
+        "verl_replay.elite.search",
+        "--data",
+        str(tiny_assets.sql_train),
+        "--model",
+        str(tiny_assets.sql_model_dir),
+        "--out",
+        str(out),
+        "--limit",
+        "3",
+        "--seeds-per-question",
+        "4",
+        "--mutations-per-question",
+        "2",
+        "--rounds",
+        "1",
+        "--max-new-tokens",
+        "64",
+        "--verify-workers",
+        "1",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
@@ -284,8 +329,16 @@ def test_math_search_with_the_math_model(tiny_assets, tmp_path) -> None:
     math_backend = make_backend("hf", model_path=str(tiny_assets.model_dir), batch_size=32)
     out = tmp_path / "math.parquet"
     config = make_config(
-        tiny_assets, out, data=str(tiny_assets.math_train), model=str(tiny_assets.model_dir), limit=4,
-        seeds_per_question=4, mutations_per_question=2, rounds=1, max_new_tokens=48, verify_workers=1,
+        tiny_assets,
+        out,
+        data=str(tiny_assets.math_train),
+        model=str(tiny_assets.model_dir),
+        limit=4,
+        seeds_per_question=4,
+        mutations_per_question=2,
+        rounds=1,
+        max_new_tokens=48,
+        verify_workers=1,
     )
     summary = run_search(config, backend=math_backend)
     assert summary.finished and summary.counts["attempts"] == 4 * (4 + 2)
@@ -305,8 +358,10 @@ def test_math_search_with_the_math_model(tiny_assets, tmp_path) -> None:
     with pytest.raises(SearchError, match="is a sql vocabulary, the data is math"):
         from verl_replay.sql.vocabulary import DEFAULT_SQL_VOCABULARY_PATH
 
-        run_search(dataclasses.replace(config, out=str(tmp_path / "x.parquet"),
-                                       vocabulary=str(DEFAULT_SQL_VOCABULARY_PATH)), backend=math_backend)
+        run_search(
+            dataclasses.replace(config, out=str(tmp_path / "x.parquet"), vocabulary=str(DEFAULT_SQL_VOCABULARY_PATH)),
+            backend=math_backend,
+        )
 
 
 def test_llm_labeler_search_labels_with_the_frozen_model(full_run, tiny_assets, backend, tmp_path) -> None:
@@ -348,7 +403,16 @@ def test_the_search_state_file_gets_the_users_umask(tiny_assets, tmp_path) -> No
     from verl_replay.elite.search import state_path
 
     out = tmp_path / "umask.parquet"
-    config = make_config(tiny_assets, out, limit=2, seeds_per_question=2, mutations_per_question=1, rounds=1,
-                         max_new_tokens=32, verify_workers=0, stop_after_round=0)
+    config = make_config(
+        tiny_assets,
+        out,
+        limit=2,
+        seeds_per_question=2,
+        mutations_per_question=1,
+        rounds=1,
+        max_new_tokens=32,
+        verify_workers=0,
+        stop_after_round=0,
+    )
     assert not run_search(config).finished
     assert stat.S_IMODE(state_path(out).stat().st_mode) == default_file_mode() != 0o600

@@ -13,15 +13,33 @@ def _run(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProce
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return subprocess.run(
         [sys.executable, "-m", "verl_replay.eval", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
 def test_cli_smoke_on_tiny_sql(tiny_assets, tmp_path: Path) -> None:
     out = tmp_path / "eval"
     proc = _run(
-        "--data", str(tiny_assets.sql_val), "--model", str(tiny_assets.sql_model_dir), "--out", str(out),
-        "--limit", "2", "--n", "2", "--k", "1,2,8", "--max-new-tokens", "40", "--verify-workers", "1",
+        "--data",
+        str(tiny_assets.sql_val),
+        "--model",
+        str(tiny_assets.sql_model_dir),
+        "--out",
+        str(out),
+        "--limit",
+        "2",
+        "--n",
+        "2",
+        "--k",
+        "1,2,8",
+        "--max-new-tokens",
+        "40",
+        "--verify-workers",
+        "1",
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -40,23 +58,58 @@ def test_cli_smoke_on_tiny_sql(tiny_assets, tmp_path: Path) -> None:
     # the same command again resumes the finished run: nothing is sampled, the outputs are rewritten
     samples = (out / "samples.jsonl").read_bytes()
     again = _run(
-        "--data", str(tiny_assets.sql_val), "--model", str(tiny_assets.sql_model_dir), "--out", str(out),
-        "--limit", "2", "--n", "2", "--k", "1,2", "--max-new-tokens", "40", "--verify-workers", "1",
+        "--data",
+        str(tiny_assets.sql_val),
+        "--model",
+        str(tiny_assets.sql_model_dir),
+        "--out",
+        str(out),
+        "--limit",
+        "2",
+        "--n",
+        "2",
+        "--k",
+        "1,2",
+        "--max-new-tokens",
+        "40",
+        "--verify-workers",
+        "1",
         cwd=tmp_path,
     )
     assert again.returncode == 0, again.stderr[-4000:]
     assert "2 of 2 questions already done" in again.stderr and (out / "samples.jsonl").read_bytes() == samples
     assert json.loads((out / "results.json").read_text())["resume"] == {"sessions": 2, "resumed_questions": 2}
     other = _run(
-        "--data", str(tiny_assets.sql_val), "--model", str(tiny_assets.sql_model_dir), "--out", str(out),
-        "--limit", "2", "--n", "3", "--k", "1", "--max-new-tokens", "40", cwd=tmp_path,
+        "--data",
+        str(tiny_assets.sql_val),
+        "--model",
+        str(tiny_assets.sql_model_dir),
+        "--out",
+        str(out),
+        "--limit",
+        "2",
+        "--n",
+        "3",
+        "--k",
+        "1",
+        "--max-new-tokens",
+        "40",
+        cwd=tmp_path,
     )
     assert other.returncode == 2 and "n: 2 -> 3" in other.stderr and "--overwrite" in other.stderr
 
 
 def test_cli_reports_missing_data_file_without_traceback(tmp_path: Path) -> None:
-    proc = _run("--data", str(tmp_path / "missing.parquet"), "--model", "m", "--out", str(tmp_path / "o"),
-                cwd=tmp_path, timeout=120)
+    proc = _run(
+        "--data",
+        str(tmp_path / "missing.parquet"),
+        "--model",
+        "m",
+        "--out",
+        str(tmp_path / "o"),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "no such parquet file" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()

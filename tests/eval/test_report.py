@@ -25,20 +25,44 @@ def _doc() -> dict:
         "k_skipped": [32],
         "benchmarks": {
             "math500": {
-                "name": "math500", "task": "math", "num_questions": 500, "n": 4,
+                "name": "math500",
+                "task": "math",
+                "num_questions": 500,
+                "n": 4,
                 "metrics": {"pass@1": 0.5, "pass@4": 0.8125, "mean@n": 0.5, "best@n": 0.8125},
             },
             "ambiqt": {
-                "name": "ambiqt", "task": "sql", "num_questions": 12, "n": 4,
-                "metrics": {"pass@1": 0.25, "pass@4": 0.5, "mean@n": 0.25, "best@n": 0.5,
-                            "distinct_strategies": 1.5, "ambiqt_coverage": 1 / 3},
+                "name": "ambiqt",
+                "task": "sql",
+                "num_questions": 12,
+                "n": 4,
+                "metrics": {
+                    "pass@1": 0.25,
+                    "pass@4": 0.5,
+                    "mean@n": 0.25,
+                    "best@n": 0.5,
+                    "distinct_strategies": 1.5,
+                    "ambiqt_coverage": 1 / 3,
+                },
             },
         },
         "averages": {
-            "macro": {"pass@1": 0.375, "pass@4": 0.65625, "mean@n": 0.375, "best@n": 0.65625,
-                      "distinct_strategies": 1.5, "ambiqt_coverage": 1 / 3},
-            "weighted": {"pass@1": 0.494, "pass@4": 0.8052, "mean@n": 0.494, "best@n": 0.8052,
-                         "distinct_strategies": 1.5, "ambiqt_coverage": 1 / 3},
+            "macro": {
+                "pass@1": 0.375,
+                "pass@4": 0.65625,
+                "mean@n": 0.375,
+                "best@n": 0.65625,
+                "distinct_strategies": 1.5,
+                "ambiqt_coverage": 1 / 3,
+            },
+            "weighted": {
+                "pass@1": 0.494,
+                "pass@4": 0.8052,
+                "mean@n": 0.494,
+                "best@n": 0.8052,
+                "distinct_strategies": 1.5,
+                "ambiqt_coverage": 1 / 3,
+            },
         },
     }
 
@@ -50,8 +74,18 @@ def test_table_is_aligned_markdown_with_percentages_and_averages() -> None:
     assert len(table) == 2 + 2 + 2  # header, rule, 2 benchmarks, 2 averages
     assert len({len(line) for line in table}) == 1  # every row padded to the same width
     header = [c.strip() for c in table[0].strip("|").split("|")]
-    assert header == ["benchmark", "task", "questions", "n", "pass@1", "pass@4", "Mean@n", "Best@n",
-                      "strategies", "AmbiQT cov"]
+    assert header == [
+        "benchmark",
+        "task",
+        "questions",
+        "n",
+        "pass@1",
+        "pass@4",
+        "Mean@n",
+        "Best@n",
+        "strategies",
+        "AmbiQT cov",
+    ]
     cells = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in table[2:]}
     assert cells["math500"] == ["math500", "math", "500", "4", "50.0", "81.2", "50.0", "81.2", "-", "-"]
     assert cells["ambiqt"][4:] == ["25.0", "50.0", "25.0", "50.0", "1.50", "33.3"]
@@ -94,9 +128,18 @@ def test_atomic_write_keeps_the_old_file_on_error(tmp_path: Path) -> None:
 
 
 def _question(row: int, benchmark: str, task: str, interpretations: tuple[str, ...] = ()) -> Question:
-    return Question(row=row, source_file="x.parquet", benchmark=benchmark, data_source=benchmark, task=task,
-                    question_id=f"{benchmark}-{row}", prompt="p", ground_truth="g", extra_info={},
-                    interpretations=interpretations)
+    return Question(
+        row=row,
+        source_file="x.parquet",
+        benchmark=benchmark,
+        data_source=benchmark,
+        task=task,
+        question_id=f"{benchmark}-{row}",
+        prompt="p",
+        ground_truth="g",
+        extra_info={},
+        interpretations=interpretations,
+    )
 
 
 def test_write_outputs_from_aggregated_verdicts(tmp_path: Path) -> None:
@@ -106,13 +149,19 @@ def test_write_outputs_from_aggregated_verdicts(tmp_path: Path) -> None:
     verdicts = [[ok, other], [bad, ok], [SampleVerdict(True, "ok"), SampleVerdict(False, "worker_timeout")]]
     config = EvalConfig(data=("x.parquet",), n=2, k=(1, 2, 4))
     benchmarks, averages, records = aggregate(questions, verdicts, config.ks_used)
-    samples = [{"row": q.row, "sample": j, "text": "t", "correct": v.correct, "reason": v.reason}
-               for q, row in zip(questions, verdicts) for j, v in enumerate(row)]
+    samples = [
+        {"row": q.row, "sample": j, "text": "t", "correct": v.correct, "reason": v.reason}
+        for q, row in zip(questions, verdicts, strict=True)
+        for j, v in enumerate(row)
+    ]
     result = EvalResult(config, benchmarks, averages, records, samples, {"total_s": 1.0})
     files = write_outputs(result, tmp_path / "out")
 
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "pass_at_k.png", "results.json", "samples.jsonl", "table.md"
+        "pass_at_k.png",
+        "results.json",
+        "samples.jsonl",
+        "table.md",
     ]
     doc = json.loads(files["results"].read_text())
     assert doc["schema_version"] == 2 and doc["ks"] == [1, 2] and doc["k_skipped"] == [4]
@@ -128,7 +177,12 @@ def test_write_outputs_from_aggregated_verdicts(tmp_path: Path) -> None:
     assert doc["averages"]["weighted"]["mean@n"] == pytest.approx((0.75 * 2 + 0.5) / 3)
     assert doc["questions"][0]["skeletons"] == ["SELECT COUNT(*) FROM tbl", "SELECT col FROM tbl"]
     assert [json.loads(line)["reason"] for line in files["samples"].read_text().splitlines()] == [
-        "ok", "ok", "mismatch", "ok", "ok", "worker_timeout"
+        "ok",
+        "ok",
+        "mismatch",
+        "ok",
+        "ok",
+        "worker_timeout",
     ]
     assert files["table"].read_text() == format_table(doc)
     assert files["plot"].read_bytes()[:8] == PNG_MAGIC

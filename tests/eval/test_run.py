@@ -47,7 +47,9 @@ class ScriptedBackend(GenerationBackend):
             (key,) = [k for k in self.script if k in text]
             answers = self.script[key]
             assert len(answers) == n
-            out.append([Generation(text=a, token_ids=list(range(len(a.split()))), finish_reason="stop") for a in answers])
+            out.append(
+                [Generation(text=a, token_ids=list(range(len(a.split()))), finish_reason="stop") for a in answers]
+            )
         return out
 
 
@@ -77,8 +79,15 @@ def sql_row(source: str, qid: str, question: str, gold: str, db: Path, gold_sqls
         "ability": "sql",
         "reward_model": {"style": "rule", "ground_truth": gold},
         "extra_info": {
-            "split": "test", "index": 0, "question_id": qid, "db_id": "people", "db_path": str(db),
-            "semantics": "bird", "question": question, "evidence": "", "gold_sqls": list(gold_sqls or [gold]),
+            "split": "test",
+            "index": 0,
+            "question_id": qid,
+            "db_id": "people",
+            "db_path": str(db),
+            "semantics": "bird",
+            "question": question,
+            "evidence": "",
+            "gold_sqls": list(gold_sqls or [gold]),
         },
     }
 
@@ -89,7 +98,13 @@ def math_row(qid: str, question: str, answer: str) -> dict:
         "prompt": [{"role": "user", "content": f"{question} Put the final answer in \\boxed{{}}."}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": answer},
-        "extra_info": {"split": "test", "index": 0, "question_id": qid, "benchmark": "math_synth", "question": question},
+        "extra_info": {
+            "split": "test",
+            "index": 0,
+            "question_id": qid,
+            "benchmark": "math_synth",
+            "question": question,
+        },
     }
 
 
@@ -300,7 +315,10 @@ def test_limit_is_per_benchmark_and_benchmark_key(tmp_path: Path, db: Path) -> N
     path = write_rl_parquet(rows, tmp_path / "mixed.parquet", SQL_RL_SCHEMA)
     limited = load_questions([str(path)], limit=2)
     assert [(q.benchmark, q.question_id) for q in limited] == [
-        ("sqlbench", "s0"), ("sqlbench", "s1"), ("sql_other", "o0"), ("sql_other", "o1")
+        ("sqlbench", "s0"),
+        ("sqlbench", "s1"),
+        ("sql_other", "o0"),
+        ("sql_other", "o1"),
     ]
     by_db = load_questions([str(path)], benchmark_key="extra_info.db_id")
     assert {q.benchmark for q in by_db} == {"people"}
@@ -338,8 +356,11 @@ def _recompute_from_samples(path: Path, ks: Sequence[int]) -> dict[str, dict[str
     for (bench, _), flags in by_question.items():
         per_bench[bench].append(flags)
     return {
-        b: {**{f"pass@{k}": metrics.mean_pass_at_k(rows, k) for k in ks}, "mean@n": metrics.mean_at_n(rows),
-            "best@n": metrics.best_at_n(rows)}
+        b: {
+            **{f"pass@{k}": metrics.mean_pass_at_k(rows, k) for k in ks},
+            "mean@n": metrics.mean_at_n(rows),
+            "best@n": metrics.best_at_n(rows),
+        }
         for b, rows in per_bench.items()
     }
 
@@ -355,8 +376,14 @@ def test_tiny_models_end_to_end(task: str, tiny_assets, tmp_path: Path, one_thre
     backend = make_backend("hf", model_path=str(model), batch_size=16)
     out = tmp_path / "out"
     config = EvalConfig(
-        data=(str(data),), model=str(model), out=str(out), n=4, k=(1, 2, 4), limit=4,
-        max_new_tokens=24 if task == "math" else 48, seed=2,
+        data=(str(data),),
+        model=str(model),
+        out=str(out),
+        n=4,
+        k=(1, 2, 4),
+        limit=4,
+        max_new_tokens=24 if task == "math" else 48,
+        seed=2,
     )
     result = evaluate(config, backend=backend)
 
@@ -379,8 +406,14 @@ def test_tiny_models_end_to_end(task: str, tiny_assets, tmp_path: Path, one_thre
     assert doc["averages"]["macro"]["pass@2"] == pytest.approx(values["pass@2"])
     # sample texts are exactly what the backend produces for this seed (one chunk: chunk_seed(2, 0))
     questions = load_questions(config.data, limit=4)
-    direct = backend.generate([q.prompt for q in questions], n=4, temperature=1.0, top_p=1.0,
-                              max_new_tokens=config.max_new_tokens, seed=chunk_seed(2, 0))
+    direct = backend.generate(
+        [q.prompt for q in questions],
+        n=4,
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=config.max_new_tokens,
+        seed=chunk_seed(2, 0),
+    )
     assert [s["text"] for s in result.samples] == [g.text for row in direct for g in row]
     # every verdict from the pool equals the reward function's acc computed here
     by_row = {q.row: q for q in questions}

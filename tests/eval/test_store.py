@@ -47,8 +47,11 @@ class WordTokenizerBackend(ScriptedBackend):
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
     db = make_db(tmp_path / "people.sqlite")
-    return write_rl_parquet([sql_row("sqlbench", f"q{i}", text, OSLO, db) for i, text in enumerate(QUESTIONS)],
-                            tmp_path / "sql.parquet", SQL_RL_SCHEMA)
+    return write_rl_parquet(
+        [sql_row("sqlbench", f"q{i}", text, OSLO, db) for i, text in enumerate(QUESTIONS)],
+        tmp_path / "sql.parquet",
+        SQL_RL_SCHEMA,
+    )
 
 
 def _script() -> dict[str, list[str]]:
@@ -68,7 +71,11 @@ def _lines(path: Path) -> list[dict]:
 def test_chunks_are_sampled_with_their_own_seeds_and_streamed(data, tmp_path):
     backend = ScriptedBackend(_script())
     result = evaluate(_config(data, tmp_path / "out"), backend=backend)
-    assert [(c["prompts"], c["seed"]) for c in backend.calls] == [(2, chunk_seed(0, 0)), (2, chunk_seed(0, 1)), (1, chunk_seed(0, 2))]
+    assert [(c["prompts"], c["seed"]) for c in backend.calls] == [
+        (2, chunk_seed(0, 0)),
+        (2, chunk_seed(0, 1)),
+        (1, chunk_seed(0, 2)),
+    ]
     state = json.loads((tmp_path / "out" / STATE_JSON).read_text())
     assert [c["rows"] for c in state["chunks"]] == [[0, 1], [2, 3], [4]] and state["complete"] is True
     samples = _lines(tmp_path / "out" / "samples.jsonl")
@@ -142,10 +149,13 @@ def test_over_long_prompts_are_skipped_and_counted(tmp_path):
     db = make_db(tmp_path / "people.sqlite")
     long_question = "who lives in Oslo? " + "please " * 40
     data = write_rl_parquet(
-        [sql_row("sqlbench", "short", "Short: who lives in Oslo?", OSLO, db),
-         sql_row("sqlbench", "long", "Long: " + long_question, OSLO, db),
-         sql_row("other", "long2", "Long: " + long_question, OSLO, db)],
-        tmp_path / "d.parquet", SQL_RL_SCHEMA,
+        [
+            sql_row("sqlbench", "short", "Short: who lives in Oslo?", OSLO, db),
+            sql_row("sqlbench", "long", "Long: " + long_question, OSLO, db),
+            sql_row("other", "long2", "Long: " + long_question, OSLO, db),
+        ],
+        tmp_path / "d.parquet",
+        SQL_RL_SCHEMA,
     )
     script = {"Short:": [fence(OSLO)] * 3, "Long:": [fence(OSLO)] * 3}
     backend = WordTokenizerBackend(script, max_model_len=20)

@@ -68,7 +68,11 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     model = LlamaForCausalLM(_config(tokenizer))
     # Hub-style sampling defaults the backend must override (top-k 3 would make samples collapse).
     model.generation_config = GenerationConfig(
-        do_sample=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, top_k=3, repetition_penalty=1.3
+        do_sample=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        top_k=3,
+        repetition_penalty=1.3,
     )
     model.save_pretrained(path)
     return path

@@ -88,7 +88,7 @@ def test_stops_at_eos_per_row(stopper_model_dir, stop_trigger: str) -> None:
 def test_logprobs_are_raw_model_logprobs_of_chosen_tokens(backend: HFBackend) -> None:
     out = backend.generate(PROMPTS[:2], n=2, temperature=0.7, top_p=0.9, max_new_tokens=5, seed=4, logprobs=True)
     prompt_ids = backend.encode(PROMPTS[:2])
-    for ids, samples in zip(prompt_ids, out):
+    for ids, samples in zip(prompt_ids, out, strict=True):
         for g in samples:
             assert g.logprobs is not None and len(g.logprobs) == g.num_tokens
             full = torch.tensor([ids + list(g.token_ids)])  # [1, P+T], no padding

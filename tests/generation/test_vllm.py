@@ -118,7 +118,7 @@ def test_completion_to_generation() -> None:
 class _StandInLLM:
     """Records the engine arguments and answers each request from its prompt and seed."""
 
-    instances: list["_StandInLLM"] = []
+    instances: list[_StandInLLM] = []
 
     def __init__(self, **kwargs) -> None:
         self.kwargs = kwargs
@@ -134,7 +134,7 @@ class _StandInLLM:
         self.requests.append(requests)
         self.params.append(sampling_params)
         outputs = []
-        for request, params in zip(requests, sampling_params):
+        for request, params in zip(requests, sampling_params, strict=True):
             ids = [len(request["prompt_token_ids"]), params.kwargs["seed"] % 97, 2]
             completion = SimpleNamespace(
                 text=f"len={ids[0]} seed={ids[1]}", token_ids=ids, finish_reason="stop", logprobs=None
@@ -170,4 +170,3 @@ def test_backend_glue_with_stand_in_vllm(monkeypatch, tokenizer_factory) -> None
     assert [g.token_ids[0] for g in out[0]] == [len(prompt_ids[0])] * 2  # grouped by prompt
     assert [g.token_ids[0] for g in out[1]] == [len(prompt_ids[1])] * 2
     assert out[0][0].token_ids != out[0][1].token_ids  # different per-request seeds
-

@@ -29,8 +29,7 @@ def random_group(gen: torch.Generator, *, max_n: int = 5, max_len: int = 7) -> R
     choices = torch.tensor([-1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0])
     adv = choices[torch.randint(0, len(choices), (n,), generator=gen)]
     return ReplayGroup(
-        prompt_ids=torch.randint(0, 50, (int(torch.randint(1, 6, (1,), generator=gen)),),
-                                 generator=gen),
+        prompt_ids=torch.randint(0, 50, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen),
         response_ids=torch.randint(0, 100, (L,), generator=gen),
         response_lengths=lengths,
         response_mask=torch.rand(L, generator=gen) > 0.15,
@@ -55,23 +54,51 @@ def step_groups(seed: int, step: int, count: int, pool: int = 12) -> list[Replay
 def verl_like_meta(k: int) -> dict:
     """What rows_to_group stores for a math group: dataset fields shared, reward info per row."""
     problem = f"Let x be the number {k} plus the sum of the first {k % 17} primes. Find x mod 7."
-    messages = [{"role": "user", "content": problem + "\nPlease reason step by step, and put your "
-                 "final answer within \\boxed{}."}]
+    messages = [
+        {
+            "role": "user",
+            "content": problem + "\nPlease reason step by step, and put your final answer within \\boxed{}.",
+        }
+    ]
     return {
         "shared": {
-            "data_source": "math_dapo", "prompt": messages, "raw_prompt": messages, "ability": "math",
+            "data_source": "math_dapo",
+            "prompt": messages,
+            "raw_prompt": messages,
+            "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(k % 7)},
-            "extra_info": {"split": "train", "index": k, "question_id": f"train-{k}",
-                           "benchmark": "train", "question": problem},
-            "dummy_tensor": torch.tensor([0], dtype=torch.uint8), "index": k, "tools_kwargs": {},
-            "interaction_kwargs": {}, "num_turns": 2, "multi_modal_inputs": {},
+            "extra_info": {
+                "split": "train",
+                "index": k,
+                "question_id": f"train-{k}",
+                "benchmark": "train",
+                "question": problem,
+            },
+            "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
+            "index": k,
+            "tools_kwargs": {},
+            "interaction_kwargs": {},
+            "num_turns": 2,
+            "multi_modal_inputs": {},
         },
         "per_row": [
-            {"metrics": {"generate_sequences": 0.25 + s, "tool_calls": 0.0, "compute_score": 1e-3 * s,
-                         "num_preempted": -1},
-             "extra_fields": {"turn_scores": [], "tool_rewards": [],
-                              "reward_extra_info": {"score": float(s % 2), "acc": float(s % 2),
-                                                    "reason": "match" if s % 2 else "mismatch"}}}
+            {
+                "metrics": {
+                    "generate_sequences": 0.25 + s,
+                    "tool_calls": 0.0,
+                    "compute_score": 1e-3 * s,
+                    "num_preempted": -1,
+                },
+                "extra_fields": {
+                    "turn_scores": [],
+                    "tool_rewards": [],
+                    "reward_extra_info": {
+                        "score": float(s % 2),
+                        "acc": float(s % 2),
+                        "reason": "match" if s % 2 else "mismatch",
+                    },
+                },
+            }
             for s in range(8)
         ],
         "source_uid": f"uid-{k:06d}",
@@ -104,6 +131,8 @@ class SynthScorer:
 @pytest.fixture(scope="session")
 def synth() -> types.SimpleNamespace:
     return types.SimpleNamespace(
-        random_group=random_group, step_groups=step_groups, SynthScorer=SynthScorer,
+        random_group=random_group,
+        step_groups=step_groups,
+        SynthScorer=SynthScorer,
         verl_like_meta=verl_like_meta,
     )

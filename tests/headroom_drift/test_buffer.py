@@ -43,11 +43,19 @@ class RefItem:
 class ReferenceBuffer:
     """Brute force: a plain FIFO list, a full sort per step, one scorer call per group."""
 
-    def __init__(self, *, capacity, k_rep, tau, weighting="sign", drift_norm="l2",
-                 max_scan_groups=None, ingress="answer_disagree"):
+    def __init__(
+        self,
+        *,
+        capacity,
+        k_rep,
+        tau,
+        weighting="sign",
+        drift_norm="l2",
+        max_scan_groups=None,
+        ingress="answer_disagree",
+    ):
         self.capacity, self.k_rep, self.tau = capacity, k_rep, tau
-        self.weighting, self.norm, self.max_scan, self.ingress = (
-            weighting, drift_norm, max_scan_groups, ingress)
+        self.weighting, self.norm, self.max_scan, self.ingress = (weighting, drift_norm, max_scan_groups, ingress)
         self.items: list[RefItem] = []
         self.next_id = 0
 
@@ -61,8 +69,7 @@ class ReferenceBuffer:
         for g in groups:
             if not self.passes(g):
                 continue
-            h = float(headroom_flat(g.gen_log_probs, g.response_mask, g.response_lengths,
-                                    g.advantages, self.weighting))
+            h = float(headroom_flat(g.gen_log_probs, g.response_mask, g.response_lengths, g.advantages, self.weighting))
             self.items.append(RefItem(self.next_id, self.next_id, step, h, 0, g))
             self.next_id += 1
         while len(self.items) > self.capacity:
@@ -80,8 +87,7 @@ class ReferenceBuffer:
             g = it.group
             lp = one_scorer(it.gid, g)
             d = float(policy_drift_flat(lp, g.gen_log_probs, g.response_mask, self.norm))
-            h = float(headroom_flat(lp, g.response_mask, g.response_lengths, g.advantages,
-                                    self.weighting))
+            h = float(headroom_flat(lp, g.response_mask, g.response_lengths, g.advantages, self.weighting))
             kl = float(replay_kl_flat(lp, g.gen_log_probs, g.response_mask))
             scanned.append((it.gid, d, h, kl, it.cached))
             it.cached = h
@@ -96,8 +102,7 @@ def ref_one_scorer(synth, step):
 
     def one(gid, g):
         # SynthScorer keys on group_id: give it a view carrying the reference's id
-        proxy = type("P", (), {"group_id": gid, "num_tokens": g.num_tokens,
-                               "gen_log_probs": g.gen_log_probs})()
+        proxy = type("P", (), {"group_id": gid, "num_tokens": g.num_tokens, "gen_log_probs": g.gen_log_probs})()
         return sc.one(proxy)
 
     return one
@@ -117,9 +122,18 @@ def _caches(buf) -> dict[int, float]:
 def test_constructor_validation():
     ok = dict(capacity=4, k_rep=2, tau=0.1, scan_chunk_groups=2)
     HeadroomDriftBuffer(**ok)
-    for key, bad in [("capacity", 0), ("k_rep", 0), ("tau", -1.0), ("tau", float("nan")),
-                     ("scan_chunk_groups", 0), ("max_scan_groups", 0), ("weighting", "abs"),
-                     ("drift_norm", "linf"), ("ingress", "score_positive"), ("capacity", 2.5)]:
+    for key, bad in [
+        ("capacity", 0),
+        ("k_rep", 0),
+        ("tau", -1.0),
+        ("tau", float("nan")),
+        ("scan_chunk_groups", 0),
+        ("max_scan_groups", 0),
+        ("weighting", "abs"),
+        ("drift_norm", "linf"),
+        ("ingress", "score_positive"),
+        ("capacity", 2.5),
+    ]:
         with pytest.raises(ValueError, match=key):
             HeadroomDriftBuffer(**{**ok, key: bad})
     with pytest.raises(TypeError):
@@ -129,11 +143,16 @@ def test_constructor_validation():
 
 
 def test_replay_group_validation():
-    base = dict(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([5, 6, 7]),
-                response_lengths=torch.tensor([2, 1]), response_mask=torch.tensor([1, 1, 0]),
-                gen_log_probs=torch.tensor([-0.1, -0.2, -0.3]),
-                advantages=torch.tensor([1.0, -1.0]),
-                correct=torch.tensor([1, 0]), scores=torch.tensor([1.0, 0.0]))
+    base = dict(
+        prompt_ids=torch.tensor([1, 2]),
+        response_ids=torch.tensor([5, 6, 7]),
+        response_lengths=torch.tensor([2, 1]),
+        response_mask=torch.tensor([1, 1, 0]),
+        gen_log_probs=torch.tensor([-0.1, -0.2, -0.3]),
+        advantages=torch.tensor([1.0, -1.0]),
+        correct=torch.tensor([1, 0]),
+        scores=torch.tensor([1.0, 0.0]),
+    )
     g = ReplayGroup(**base)
     assert g.response_ids.dtype == torch.int32 and g.response_mask.dtype == torch.bool
     assert (g.n, g.num_tokens, g.num_valid_tokens, g.num_correct) == (2, 3, 2, 1)
@@ -147,30 +166,38 @@ def test_replay_group_validation():
         ReplayGroup(**base, meta={"x": object()})
 
 
-FIELDS = {"prompt_ids": torch.int32, "response_ids": torch.int32, "response_lengths": torch.int64,
-          "response_mask": torch.bool, "gen_log_probs": torch.float32, "advantages": torch.float32,
-          "correct": torch.bool, "scores": torch.float32}
+FIELDS = {
+    "prompt_ids": torch.int32,
+    "response_ids": torch.int32,
+    "response_lengths": torch.int64,
+    "response_mask": torch.bool,
+    "gen_log_probs": torch.float32,
+    "advantages": torch.float32,
+    "correct": torch.bool,
+    "scores": torch.float32,
+}
 
 
 def _big_group(gen, *, vocab, n=8, T=64, P=48, all_valid=True, meta=None):
     L = n * T
-    return dict(prompt_ids=torch.randint(0, vocab, (P,), generator=gen),
-                response_ids=torch.randint(0, vocab, (L,), generator=gen),
-                response_lengths=torch.full((n,), T),
-                response_mask=(torch.ones(L, dtype=torch.bool) if all_valid
-                               else torch.rand(L, generator=gen) > 0.2),
-                gen_log_probs=-3 * torch.rand(L, generator=gen),
-                advantages=torch.randn(n, generator=gen),
-                correct=torch.rand(n, generator=gen) > 0.5, scores=torch.rand(n, generator=gen),
-                meta=meta)
+    return dict(
+        prompt_ids=torch.randint(0, vocab, (P,), generator=gen),
+        response_ids=torch.randint(0, vocab, (L,), generator=gen),
+        response_lengths=torch.full((n,), T),
+        response_mask=(torch.ones(L, dtype=torch.bool) if all_valid else torch.rand(L, generator=gen) > 0.2),
+        gen_log_probs=-3 * torch.rand(L, generator=gen),
+        advantages=torch.randn(n, generator=gen),
+        correct=torch.rand(n, generator=gen) > 0.5,
+        scores=torch.rand(n, generator=gen),
+        meta=meta,
+    )
 
 
 @pytest.mark.parametrize("vocab", [100, 70_000, 151_936, 2**31 - 1])
 @pytest.mark.parametrize("all_valid", [True, False])
 def test_group_storage_round_trips_every_field_exactly(vocab, all_valid):
     gen = torch.Generator().manual_seed(vocab)
-    src = _big_group(gen, vocab=vocab, all_valid=all_valid,
-                     meta={"t": (1, [2.5]), "x": torch.arange(3)})
+    src = _big_group(gen, vocab=vocab, all_valid=all_valid, meta={"t": (1, [2.5]), "x": torch.arange(3)})
     src["response_lengths"] = torch.tensor([0, 100, 64, 3, 200, 1, 64, 80])  # ragged, one empty
     g = ReplayGroup(**src)
     for name, dtype in FIELDS.items():
@@ -226,8 +253,10 @@ def test_buffer_memory_per_token_with_verl_like_metadata(synth):
         base = tracemalloc.get_traced_memory()[0]
         buf = HeadroomDriftBuffer(capacity=size, k_rep=16, tau=0.5, scan_chunk_groups=16)
         for start in range(0, size, 100):
-            buf.admit([ReplayGroup(**{**templates[k % 8], "meta": metas[k]})
-                       for k in range(start, start + 100)], step=start // 100 + 1000)
+            buf.admit(
+                [ReplayGroup(**{**templates[k % 8], "meta": metas[k]}) for k in range(start, start + 100)],
+                step=start // 100 + 1000,
+            )
         for step in range(3):  # stale heap entries and refreshed caches count too
             buf.select(2000 + step, lambda gs: [g.gen_log_probs - 0.01 for g in gs])
         used = tracemalloc.get_traced_memory()[0] - base
@@ -246,9 +275,15 @@ def test_from_padded_to_padded_roundtrip_with_tool_tokens():
     lp = torch.tensor([[-0.1, -0.2, -0.3, -0.4, 9.0], [-0.5, -0.6, 9.0, 9.0, 9.0]])
     tok_adv = torch.tensor([[0.7] * 5, [-0.7] * 5]) * mask
     g = ReplayGroup.from_padded(
-        prompt_ids=torch.tensor([0, 0, 3, 4]), prompt_mask=torch.tensor([0, 0, 1, 1]),
-        response_ids=ids, response_mask=mask, gen_log_probs=lp, advantages=tok_adv,
-        correct=torch.tensor([1, 0]), meta={"data_source": "toy"})
+        prompt_ids=torch.tensor([0, 0, 3, 4]),
+        prompt_mask=torch.tensor([0, 0, 1, 1]),
+        response_ids=ids,
+        response_mask=mask,
+        gen_log_probs=lp,
+        advantages=tok_adv,
+        correct=torch.tensor([1, 0]),
+        meta={"data_source": "toy"},
+    )
     assert g.response_lengths.tolist() == [4, 2]
     assert g.response_ids.tolist() == [11, 12, 13, 14, 21, 22]
     assert g.response_mask.tolist() == [True, True, False, True, True, True]
@@ -265,18 +300,33 @@ def test_from_padded_to_padded_roundtrip_with_tool_tokens():
     with pytest.raises(ValueError, match="pad_to"):
         g.to_padded(pad_to=3)
     # explicit lengths keep trailing masked tokens; mask beyond a length is refused
-    g2 = ReplayGroup.from_padded(prompt_ids=torch.tensor([3]), response_ids=ids, response_mask=mask,
-                                 gen_log_probs=lp, advantages=torch.tensor([0.7, -0.7]),
-                                 correct=torch.tensor([1, 0]),
-                                 response_lengths=torch.tensor([5, 3]))
+    g2 = ReplayGroup.from_padded(
+        prompt_ids=torch.tensor([3]),
+        response_ids=ids,
+        response_mask=mask,
+        gen_log_probs=lp,
+        advantages=torch.tensor([0.7, -0.7]),
+        correct=torch.tensor([1, 0]),
+        response_lengths=torch.tensor([5, 3]),
+    )
     assert g2.num_tokens == 8
-    h = lambda x: headroom_flat(x.gen_log_probs, x.response_mask, x.response_lengths,  # noqa: E731
-                                x.advantages)
+    h = lambda x: headroom_flat(
+        x.gen_log_probs,
+        x.response_mask,
+        x.response_lengths,  # noqa: E731
+        x.advantages,
+    )
     assert_close(h(g2), h(g))
     with pytest.raises(ValueError, match="beyond response_lengths"):
-        ReplayGroup.from_padded(prompt_ids=torch.tensor([3]), response_ids=ids, response_mask=mask,
-                                gen_log_probs=lp, advantages=torch.tensor([0.7, -0.7]),
-                                correct=torch.tensor([1, 0]), response_lengths=torch.tensor([2, 2]))
+        ReplayGroup.from_padded(
+            prompt_ids=torch.tensor([3]),
+            response_ids=ids,
+            response_mask=mask,
+            gen_log_probs=lp,
+            advantages=torch.tensor([0.7, -0.7]),
+            correct=torch.tensor([1, 0]),
+            response_lengths=torch.tensor([2, 2]),
+        )
     # from_padded copies: changing the source leaves the group alone
     lp[0, 0] = -5.0
     assert g.gen_log_probs[0].item() == pytest.approx(-0.1)
@@ -284,24 +334,34 @@ def test_from_padded_to_padded_roundtrip_with_tool_tokens():
 
 def _group(correct, adv, lp=(-0.5, -1.0)):
     n = len(correct)
-    return ReplayGroup(prompt_ids=torch.tensor([1]), response_ids=torch.arange(2 * n),
-                       response_lengths=torch.full((n,), 2),
-                       response_mask=torch.ones(2 * n, dtype=torch.bool),
-                       gen_log_probs=torch.tensor(list(lp) * n), advantages=torch.tensor(adv),
-                       correct=torch.tensor(correct), scores=torch.tensor(adv))
+    return ReplayGroup(
+        prompt_ids=torch.tensor([1]),
+        response_ids=torch.arange(2 * n),
+        response_lengths=torch.full((n,), 2),
+        response_mask=torch.ones(2 * n, dtype=torch.bool),
+        gen_log_probs=torch.tensor(list(lp) * n),
+        advantages=torch.tensor(adv),
+        correct=torch.tensor(correct),
+        scores=torch.tensor(adv),
+    )
 
 
 def test_ingress_criteria():
     buf = HeadroomDriftBuffer(capacity=10, k_rep=1, tau=1.0, scan_chunk_groups=1)
-    out = buf.admit([_group([1, 1], [0.5, 0.5]), _group([0, 0], [1.0, -1.0]),
-                     _group([1, 0], [0.0, 0.0]), _group([0, 1], [-1.0, 1.0])], step=3)
+    out = buf.admit(
+        [
+            _group([1, 1], [0.5, 0.5]),
+            _group([0, 0], [1.0, -1.0]),
+            _group([1, 0], [0.0, 0.0]),
+            _group([0, 1], [-1.0, 1.0]),
+        ],
+        step=3,
+    )
     # answer_disagree: only mixed-correctness groups, whatever their advantages
     assert (out["ingress"], out["rejected_ingress"], out["evicted"]) == (2, 2, 0)
     assert [g.birth_step for g in buf] == [3, 3]
-    buf2 = HeadroomDriftBuffer(capacity=10, k_rep=1, tau=1.0, scan_chunk_groups=1,
-                               ingress="nonzero_advantage")
-    out2 = buf2.admit([_group([1, 1], [0.5, 0.5]), _group([0, 0], [1.0, -1.0]),
-                       _group([1, 0], [0.0, 0.0])], step=0)
+    buf2 = HeadroomDriftBuffer(capacity=10, k_rep=1, tau=1.0, scan_chunk_groups=1, ingress="nonzero_advantage")
+    out2 = buf2.admit([_group([1, 1], [0.5, 0.5]), _group([0, 0], [1.0, -1.0]), _group([1, 0], [0.0, 0.0])], step=0)
     assert (out2["ingress"], out2["rejected_ingress"]) == (2, 1)
     ev = [e for e in out2["events"] if e["event"] == "ingress"]
     assert [e["group_id"] for e in ev] == [0, 1] and ev[0]["num_correct"] == 2 and ev[0]["n"] == 2
@@ -314,8 +374,7 @@ def test_ingress_criteria():
 
 
 def test_fifo_eviction_and_iteration(synth):
-    buf = HeadroomDriftBuffer(capacity=3, k_rep=1, tau=1.0, scan_chunk_groups=2,
-                              ingress="nonzero_advantage")
+    buf = HeadroomDriftBuffer(capacity=3, k_rep=1, tau=1.0, scan_chunk_groups=2, ingress="nonzero_advantage")
     out = buf.admit([_group([1, 0], [1.0, -1.0]) for _ in range(5)], step=0)
     assert out["evicted"] == 2
     assert [g.group_id for g in buf] == [2, 3, 4] and len(buf) == 3
@@ -445,8 +504,9 @@ def test_scorer_contract_errors_leave_buffer_unchanged(synth):
 
 
 def test_scorer_chunk_sizes_and_max_scan(synth):
-    buf = HeadroomDriftBuffer(capacity=50, k_rep=50, tau=0.0, scan_chunk_groups=4,
-                              max_scan_groups=10, ingress="nonzero_advantage")
+    buf = HeadroomDriftBuffer(
+        capacity=50, k_rep=50, tau=0.0, scan_chunk_groups=4, max_scan_groups=10, ingress="nonzero_advantage"
+    )
     buf.admit(synth.step_groups(2, 0, 30), step=0)
     sc = synth.SynthScorer(1)
     res = buf.select(1, sc)
@@ -469,8 +529,9 @@ def _run(synth, chunk, steps=8, seed=7, multiple=1, **kw):
     return buf, out
 
 
-@pytest.mark.parametrize("kw", [{}, {"max_scan_groups": 5, "weighting": "advantage",
-                                     "drift_norm": "l1", "ingress": "nonzero_advantage"}])
+@pytest.mark.parametrize(
+    "kw", [{}, {"max_scan_groups": 5, "weighting": "advantage", "drift_norm": "l1", "ingress": "nonzero_advantage"}]
+)
 def test_chunked_scan_equals_one_by_one(synth, kw):
     ref_buf, ref = _run(synth, 1, **kw)
     # the scenario exercises both outcomes of the gate
@@ -480,7 +541,7 @@ def test_chunked_scan_equals_one_by_one(synth, kw):
     for chunk, multiple in ((2, 1), (3, 1), (7, 1), (1, 2), (3, 4), (16, 5)):
         buf, res = _run(synth, chunk, multiple=multiple, **kw)
         tails += sum(r.scored_groups - len(r.records) for r in res)
-        for a, b in zip(ref, res):
+        for a, b in zip(ref, res, strict=True):
             assert a.accepted_ids == b.accepted_ids
             assert a.records == b.records  # drift, refreshed headroom, ranks: bit-identical
             assert _stats_wo_timing(a) == _stats_wo_timing(b)
@@ -506,10 +567,18 @@ def test_chunked_scan_equals_one_by_one(synth, kw):
     per_step=st.lists(st.integers(0, 5), min_size=1, max_size=7),
     seed=st.integers(0, 10_000),
 )
-def test_buffer_matches_reference_and_invariants(synth, capacity, k_rep, chunk, multiple, max_scan,
-                                                 tau, weighting, norm, ingress, per_step, seed):
-    cfg = dict(capacity=capacity, k_rep=k_rep, tau=tau, weighting=weighting, drift_norm=norm,
-               max_scan_groups=max_scan, ingress=ingress)
+def test_buffer_matches_reference_and_invariants(
+    synth, capacity, k_rep, chunk, multiple, max_scan, tau, weighting, norm, ingress, per_step, seed
+):
+    cfg = dict(
+        capacity=capacity,
+        k_rep=k_rep,
+        tau=tau,
+        weighting=weighting,
+        drift_norm=norm,
+        max_scan_groups=max_scan,
+        ingress=ingress,
+    )
     buf = HeadroomDriftBuffer(scan_chunk_groups=chunk, **cfg)
     ref = ReferenceBuffer(**cfg)
     admitted_ids: list[int] = []
@@ -522,7 +591,7 @@ def test_buffer_matches_reference_and_invariants(synth, capacity, k_rep, chunk, 
             # the brute-force top-K_rep drift-feasible groups, same scan prefix
             assert res.accepted_ids == ref_acc
             assert [r.group_id for r in res.records] == [s[0] for s in ref_scanned]
-            for rec, (gid, d, h, kl, before) in zip(res.records, ref_scanned):
+            for rec, (gid, d, h, kl, before) in zip(res.records, ref_scanned, strict=True):
                 assert rec.drift == d and rec.headroom_after == h and rec.replay_kl == kl
                 assert rec.headroom_before == before
             assert len(res.groups) <= k_rep
@@ -533,8 +602,9 @@ def test_buffer_matches_reference_and_invariants(synth, capacity, k_rep, chunk, 
             assert res.stats["accepted"] == len(res.groups)
             assert res.stats["scanned"] == len(res.records)
             # each call asks for what the scan can still use, rounded up to the multiple
-            assert_chunk_rule(res, sc.calls, candidates=candidates, chunk=chunk, k_rep=k_rep,
-                              max_scan=max_scan, multiple=multiple)
+            assert_chunk_rule(
+                res, sc.calls, candidates=candidates, chunk=chunk, k_rep=k_rep, max_scan=max_scan, multiple=multiple
+            )
             # a scan stops early only because K_rep was filled
             if len(res.records) < (len(buf) if max_scan is None else min(max_scan, len(buf))):
                 assert len(res.groups) == k_rep
@@ -576,8 +646,9 @@ def assert_chunk_rule(res, calls, *, candidates, chunk, k_rep, max_scan, multipl
 def test_chunks_ask_only_for_what_the_scan_can_use(synth):
     # k_rep = 2 with chunks of 16 (the issue's tiny run): 2 groups first, then 1 per rejection
     def run(multiple, tau=0.25, **kw):
-        buf = HeadroomDriftBuffer(capacity=40, k_rep=2, tau=tau, scan_chunk_groups=16,
-                                  ingress="nonzero_advantage", **kw)
+        buf = HeadroomDriftBuffer(
+            capacity=40, k_rep=2, tau=tau, scan_chunk_groups=16, ingress="nonzero_advantage", **kw
+        )
         buf.admit(synth.step_groups(5, 0, 30), step=0)
         sc = synth.SynthScorer(1)
         return buf.select(1, sc, chunk_multiple=multiple), sc, buf
@@ -600,8 +671,7 @@ def test_chunks_ask_only_for_what_the_scan_can_use(synth):
 
 
 def test_forward_rows_counts_the_dispatch_padding(synth):
-    buf = HeadroomDriftBuffer(capacity=40, k_rep=3, tau=0.25, scan_chunk_groups=4,
-                              ingress="nonzero_advantage")
+    buf = HeadroomDriftBuffer(capacity=40, k_rep=3, tau=0.25, scan_chunk_groups=4, ingress="nonzero_advantage")
     buf.admit(synth.step_groups(5, 0, 30), step=0)
     sc = synth.SynthScorer(1)
     res = buf.select(1, sc)
@@ -634,8 +704,9 @@ def test_scan_chunk_multiple_never_adds_forward_rows():
 
 def test_heap_compaction_bounds_stale_entries(synth):
     for capacity, per_step in ((5, 5), (600, 40)):
-        buf = HeadroomDriftBuffer(capacity=capacity, k_rep=8, tau=math.inf, scan_chunk_groups=3,
-                                  ingress="nonzero_advantage")
+        buf = HeadroomDriftBuffer(
+            capacity=capacity, k_rep=8, tau=math.inf, scan_chunk_groups=3, ingress="nonzero_advantage"
+        )
         compacted = False
         for step in range(60):
             before = len(buf._heap)
@@ -683,7 +754,7 @@ def test_resume_equivalence(synth, tmp_path):
     c = _fresh()
     c.load(path)
     run_b += [step_fn(c, s) for s in range(5, 10)]
-    for ra, rb in zip(run_a[1:], run_b[1:]):
+    for ra, rb in zip(run_a[1:], run_b[1:], strict=True):
         assert ra.accepted_ids == rb.accepted_ids
         assert ra.records == rb.records
         assert _stats_wo_timing(ra) == _stats_wo_timing(rb)
@@ -705,28 +776,40 @@ def _v1_state(buf) -> dict:
     def scal(name, dtype):
         return torch.tensor([getattr(g, name) for g in gs], dtype=dtype)
 
-    return {"format": 1, "kind": buf._KIND, "config": buf.config(),
-            "next_group_id": buf._next_group_id, "next_insert_seq": buf._next_insert_seq,
-            "groups": {"prompt_lengths": torch.tensor([g.prompt_ids.numel() for g in gs]),
-                       "group_sizes": torch.tensor([g.n for g in gs]),
-                       **{k: cat(k) for k in FIELDS},
-                       "group_id": scal("group_id", torch.int64),
-                       "birth_step": scal("birth_step", torch.int64),
-                       "insert_seq": scal("insert_seq", torch.int64),
-                       "headroom_ref": scal("headroom_ref", torch.float64),
-                       "headroom_cached": scal("headroom_cached", torch.float64),
-                       "replay_count": scal("replay_count", torch.int64),
-                       "meta": [g.meta for g in gs]}}
+    return {
+        "format": 1,
+        "kind": buf._KIND,
+        "config": buf.config(),
+        "next_group_id": buf._next_group_id,
+        "next_insert_seq": buf._next_insert_seq,
+        "groups": {
+            "prompt_lengths": torch.tensor([g.prompt_ids.numel() for g in gs]),
+            "group_sizes": torch.tensor([g.n for g in gs]),
+            **{k: cat(k) for k in FIELDS},
+            "group_id": scal("group_id", torch.int64),
+            "birth_step": scal("birth_step", torch.int64),
+            "insert_seq": scal("insert_seq", torch.int64),
+            "headroom_ref": scal("headroom_ref", torch.float64),
+            "headroom_cached": scal("headroom_cached", torch.float64),
+            "replay_count": scal("replay_count", torch.int64),
+            "meta": [g.meta for g in gs],
+        },
+    }
 
 
 def _same_contents(a, b):
     assert [g.group_id for g in a] == [g.group_id for g in b]
-    for ga, gb in zip(a, b):
+    for ga, gb in zip(a, b, strict=True):
         for name in FIELDS:
             assert torch.equal(getattr(ga, name), getattr(gb, name)), name
-        assert (ga.birth_step, ga.insert_seq, ga.headroom_ref, ga.headroom_cached,
-                ga.replay_count, ga.meta) == (gb.birth_step, gb.insert_seq, gb.headroom_ref,
-                                               gb.headroom_cached, gb.replay_count, gb.meta)
+        assert (ga.birth_step, ga.insert_seq, ga.headroom_ref, ga.headroom_cached, ga.replay_count, ga.meta) == (
+            gb.birth_step,
+            gb.insert_seq,
+            gb.headroom_ref,
+            gb.headroom_cached,
+            gb.replay_count,
+            gb.meta,
+        )
 
 
 def test_format_1_files_of_earlier_versions_still_load(synth, tmp_path):
@@ -740,8 +823,14 @@ def test_format_1_files_of_earlier_versions_still_load(synth, tmp_path):
     torch.save(_v1_state(a), raw)
     payload = raw.getvalue()
     path = tmp_path / "v1.pt"
-    path.write_bytes(_FILE_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
-                     + str(len(payload)).encode() + b"\n" + payload)
+    path.write_bytes(
+        _FILE_MAGIC
+        + hashlib.sha256(payload).hexdigest().encode()
+        + b"\n"
+        + str(len(payload)).encode()
+        + b"\n"
+        + payload
+    )
     b = _fresh()
     b.load(path)
     _same_contents(a, b)
@@ -803,8 +892,7 @@ def test_naive_buffer_newest_first_no_scorer(synth, tmp_path):
     s = res.stats
     assert s["accepted"] == 4.0 and s["fill_ratio"] == 1.0 and s["age_accepted/max"] == 1.0
     assert s["scan_forward_seconds"] == 0.0 and all(r.drift is None for r in res.records)
-    hd_keys = set(HeadroomDriftBuffer(capacity=1, k_rep=1, tau=0.1, scan_chunk_groups=1)
-                  .select(0, lambda gs: []).stats)
+    hd_keys = set(HeadroomDriftBuffer(capacity=1, k_rep=1, tau=0.1, scan_chunk_groups=1).select(0, lambda gs: []).stats)
     assert set(s) <= hd_keys
     assert all(e["drift"] is None for e in res.events())
     buf.save(tmp_path / "n.pt")

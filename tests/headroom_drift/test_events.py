@@ -52,8 +52,7 @@ def test_log_matches_buffer_activity(synth, tmp_path):
         assert e["lifetime_replay_count"] == acc[e["group_id"]]
     # scan events carry the ranking position, the age and both Headroom values
     s = next(e for e in ev if e["event"] == "scan")
-    assert {"step", "group_id", "rank", "drift", "headroom_before", "headroom_after",
-            "accepted", "age"} <= set(s)
+    assert {"step", "group_id", "rank", "drift", "headroom_before", "headroom_after", "accepted", "age"} <= set(s)
     steps = [e for e in ev if e["event"] == "step"]
     assert [e["step"] for e in steps] == list(range(8))
     assert steps[-1]["stats"]["buffer_size"] == 6.0 and "ingress" in steps[-1]["stats"]
@@ -118,13 +117,21 @@ def test_malformed_lines_and_records_rejected(tmp_path):
 
 def test_infinite_drift_and_none_roundtrip(tmp_path):
     path = tmp_path / "e.jsonl"
-    rec = scan_record(step=1, group_id=3, rank=1, drift=math.inf, replay_kl=None,
-                      headroom_before=0.5, headroom_after=0.4, accepted=False, age=2,
-                      birth_step=-1)
+    rec = scan_record(
+        step=1,
+        group_id=3,
+        rank=1,
+        drift=math.inf,
+        replay_kl=None,
+        headroom_before=0.5,
+        headroom_after=0.4,
+        accepted=False,
+        age=2,
+        birth_step=-1,
+    )
     with ReplayEventLog(path) as log:
         log.write(rec)
-        log.write(step_record(step=1, stats={"scanned": 1, "drift_scanned/mean": math.inf,
-                                             "t": torch.tensor(1.0)}))
+        log.write(step_record(step=1, stats={"scanned": 1, "drift_scanned/mean": math.inf, "t": torch.tensor(1.0)}))
     back = read_events(path)
     assert back[0]["drift"] == math.inf and back[0]["replay_kl"] is None
     assert back[1]["stats"] == {"scanned": 1, "drift_scanned/mean": math.inf}

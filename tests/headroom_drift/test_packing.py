@@ -33,10 +33,11 @@ def same(a, b) -> bool:
     if isinstance(a, float):
         return struct.pack("<d", a) == struct.pack("<d", b)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict):
         return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
     if isinstance(a, torch.Tensor):
+
         def raw(t):
             return t.reshape(-1).view(torch.uint8).tolist()
 
@@ -49,18 +50,27 @@ def same(a, b) -> bool:
 
 def test_meta_round_trip_is_exact_for_every_supported_type():
     meta = {
-        "none": None, "flags": [True, False], "ints": [0, 1, -1, 127, 128, -129, 2**63, -(2**70)],
+        "none": None,
+        "flags": [True, False],
+        "ints": [0, 1, -1, 127, 128, -129, 2**63, -(2**70)],
         "floats": [0.0, -0.0, 1.5, -2.25e-300, math.inf, -math.inf, math.nan, 1e308],
         "text": ["", "plain", "ünïcødé ✓ 数学", "\ud800 lone surrogate", "x" * 1000],
-        "tuple": (1, ("nested", [2.0, {"k": None}])), "empty": {"l": [], "t": (), "d": {}},
+        "tuple": (1, ("nested", [2.0, {"k": None}])),
+        "empty": {"l": [], "t": (), "d": {}},
         "bool_is_not_int": {"t": True, "one": 1},
-        "tensors": [torch.arange(6, dtype=torch.int64).reshape(2, 3), torch.tensor(3.5),
-                    torch.zeros(0, 4, dtype=torch.float16), torch.tensor([True, False]),
-                    torch.randn(3, dtype=torch.bfloat16), torch.arange(12.0).reshape(3, 4).t(),
-                    torch.tensor([1 + 2j], dtype=torch.complex64)],
+        "tensors": [
+            torch.arange(6, dtype=torch.int64).reshape(2, 3),
+            torch.tensor(3.5),
+            torch.zeros(0, 4, dtype=torch.float16),
+            torch.tensor([True, False]),
+            torch.randn(3, dtype=torch.bfloat16),
+            torch.arange(12.0).reshape(3, 4).t(),
+            torch.tensor([1 + 2j], dtype=torch.complex64),
+        ],
     }
-    meta["tensors"] += [torch.arange(4).to(dt) for dt in packing._DTYPES if dt not in
-                        (torch.complex64, torch.complex128)]
+    meta["tensors"] += [
+        torch.arange(4).to(dt) for dt in packing._DTYPES if dt not in (torch.complex64, torch.complex128)
+    ]
     back = decode_meta(encode_meta(meta))
     assert same(back, meta)
     assert back["tensors"][5].is_contiguous()  # a transposed view comes back as plain data
@@ -69,8 +79,9 @@ def test_meta_round_trip_is_exact_for_every_supported_type():
 
 plain_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
-    lambda inner: (st.lists(inner, max_size=4) | st.tuples(inner, inner)
-                   | st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.tuples(inner, inner) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=30,
 )
 
@@ -93,8 +104,11 @@ def test_meta_subclasses_are_stored_as_their_base_type():
             return "lie"
 
     pair = collections.namedtuple("pair", "a b")
-    back = decode_meta(encode_meta({"e": Color.RED, "f": np.float64(0.5), "s": Liar("x"),
-                                    "d": collections.OrderedDict(a=1), "p": pair(1, [2])}))
+    back = decode_meta(
+        encode_meta(
+            {"e": Color.RED, "f": np.float64(0.5), "s": Liar("x"), "d": collections.OrderedDict(a=1), "p": pair(1, [2])}
+        )
+    )
     assert same(back, {"e": 3, "f": 0.5, "s": "x", "d": {"a": 1}, "p": (1, [2])})
 
 
@@ -118,8 +132,14 @@ def test_meta_refuses_what_it_cannot_store_and_names_the_path():
 
 def test_meta_corruption_is_detected(synth):
     blob = encode_meta(synth.verl_like_meta(3))
-    for bad in (b"", bytes([9]) + blob[1:], blob[:-5], blob + b"\0",
-                bytes([packing._RAW]) + b"q", bytes([packing._RAW]) + b"s\x05ab"):
+    for bad in (
+        b"",
+        bytes([9]) + blob[1:],
+        blob[:-5],
+        blob + b"\0",
+        bytes([packing._RAW]) + b"q",
+        bytes([packing._RAW]) + b"s\x05ab",
+    ):
         with pytest.raises(MetaDecodeError):
             decode_meta(bad)
     with pytest.raises(MetaDecodeError, match="not a dict"):
@@ -147,10 +167,18 @@ def test_preset_dictionary_is_frozen():
 # ----------------------------------------------------------------------------- token ids and bits
 
 
-@pytest.mark.parametrize("values, width", [
-    ([], 2), ([0, 65535], 2), ([65536], 3), ([0, 2**24 - 1], 3), ([2**24], 4), ([-1, 5], 4),
-    ([2**31 - 1, -(2**31)], 4),
-])
+@pytest.mark.parametrize(
+    "values, width",
+    [
+        ([], 2),
+        ([0, 65535], 2),
+        ([65536], 3),
+        ([0, 2**24 - 1], 3),
+        ([2**24], 4),
+        ([-1, 5], 4),
+        ([2**31 - 1, -(2**31)], 4),
+    ],
+)
 def test_id_width_and_round_trip(values, width):
     ids = torch.tensor(values, dtype=torch.int32)
     assert id_width(ids) == width

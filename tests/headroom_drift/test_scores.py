@@ -92,8 +92,7 @@ def test_replay_kl_hand_values():
     # near r = 0 (where a "moderate" gate lives) k3 ~ r^2 / 2 must not drown in cancellation
     cur, gen = torch.tensor([[[-1e-4]]]), torch.tensor([[[-2e-4]]])
     r = float(cur) - float(gen)  # exact difference of the float32 inputs
-    assert_close(replay_kl(cur, gen, torch.ones(1, 1, 1)),
-                 torch.tensor([math.expm1(r) - r]))  # ~5e-9
+    assert_close(replay_kl(cur, gen, torch.ones(1, 1, 1)), torch.tensor([math.expm1(r) - r]))  # ~5e-9
 
 
 def test_empty_group_is_zero():
@@ -127,14 +126,20 @@ def _to_flat(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 def test_padded_flat_and_segments_agree(seed):
     lp, cur, mask, adv, lengths = _random_padded(seed)
     G = lp.shape[0]
-    flat = [(_to_flat(lp[g], lengths[g]), _to_flat(cur[g], lengths[g]),
-             _to_flat(mask[g], lengths[g])) for g in range(G)]
+    flat = [
+        (_to_flat(lp[g], lengths[g]), _to_flat(cur[g], lengths[g]), _to_flat(mask[g], lengths[g])) for g in range(G)
+    ]
     for w in ("sign", "advantage"):
         ref = headroom(lp, mask, adv, w)
-        per = torch.stack([headroom_flat(f[0], f[2], lengths[g], adv[g], w)
-                           for g, f in enumerate(flat)])
-        seg = headroom_segments(torch.cat([f[0] for f in flat]), torch.cat([f[2] for f in flat]),
-                                lengths.reshape(-1), adv.reshape(-1), torch.full((G,), 3), w)
+        per = torch.stack([headroom_flat(f[0], f[2], lengths[g], adv[g], w) for g, f in enumerate(flat)])
+        seg = headroom_segments(
+            torch.cat([f[0] for f in flat]),
+            torch.cat([f[2] for f in flat]),
+            lengths.reshape(-1),
+            adv.reshape(-1),
+            torch.full((G,), 3),
+            w,
+        )
         assert_close(per, ref)
         assert_close(seg, ref)
     counts = torch.tensor([f[0].numel() for f in flat])
@@ -171,8 +176,13 @@ def test_flat_trailing_padding_kept_or_trimmed_agree():
 
 def test_nan_at_valid_position_is_reported():
     with pytest.raises(ValueError, match="NaN"):
-        group_scores_flat(torch.tensor([float("nan")]), torch.tensor([-1.0]),
-                          torch.tensor([True]), torch.tensor([1]), torch.tensor([1.0]))
+        group_scores_flat(
+            torch.tensor([float("nan")]),
+            torch.tensor([-1.0]),
+            torch.tensor([True]),
+            torch.tensor([1]),
+            torch.tensor([1.0]),
+        )
 
 
 def test_validation_errors_name_the_argument():
@@ -198,8 +208,7 @@ def test_validation_errors_name_the_argument():
     with pytest.raises(ValueError, match="group_token_counts"):
         policy_drift_segments(torch.zeros(3), torch.zeros(3), torch.ones(3), torch.tensor([1]))
     with pytest.raises(ValueError, match="group_sizes"):
-        headroom_segments(torch.zeros(3), torch.ones(3), torch.tensor([1, 2]), torch.ones(2),
-                          torch.tensor([3]))
+        headroom_segments(torch.zeros(3), torch.ones(3), torch.tensor([1, 2]), torch.ones(2), torch.tensor([3]))
 
 
 def test_deterministic_repeated_calls():

@@ -41,7 +41,10 @@ def test_vocabulary_is_reviewed_and_every_non_default_name_has_keywords() -> Non
         ("The derivative is $f'(x) = 2x$, which vanishes at 0.", "calculus"),
         ("Using $\\sin^2 x + \\cos^2 x = 1$ we get $\\tan x = 1$.", "trigonometric"),
         ("The triangle has a right angle, so by Pythagoras the area is 6.", "geometric"),
-        ("By AM-GM, $a + b \\ge 2\\sqrt{ab}$; the minimum value is 4 and equality holds at a=b.", "inequality_bounding"),
+        (
+            "By AM-GM, $a + b \\ge 2\\sqrt{ab}$; the minimum value is 4 and equality holds at a=b.",
+            "inequality_bounding",
+        ),
         ("We solve the equation $2x + 3 = 7$ and get $x = 2$.", "algebraic"),
         ("$12 \\cdot 7 = 84$, plus 16 is 100.", "numeric_computation"),
     ],
@@ -139,7 +142,14 @@ def test_extract_final_answer_takes_the_last_balanced_box() -> None:
 
 def test_length_buckets() -> None:
     assert [length_bucket(x) for x in (0, 127, 128, 255, 256, 511, 512, 10_000)] == [
-        "L0", "L0", "L1", "L1", "L2", "L2", "L3", "L3",
+        "L0",
+        "L0",
+        "L1",
+        "L1",
+        "L2",
+        "L2",
+        "L3",
+        "L3",
     ]
     assert length_bucket(5, edges=(10,)) == "L0" and length_bucket(10, edges=(10,)) == "L1"
     with pytest.raises(ValueError, match="strictly increasing"):

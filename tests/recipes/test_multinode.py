@@ -59,11 +59,20 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _node_ports(ports: list[int], worker_range: tuple[int, int]) -> str:
-    names = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-             "runtime-env-agent-port", "metrics-export-port")
-    flags = [f"--{name}={port}" for name, port in zip(names, ports)]
-    flags += [f"--min-worker-port={worker_range[0]}", f"--max-worker-port={worker_range[1]}",
-              "--object-store-memory=300000000"]
+    names = (
+        "node-manager-port",
+        "object-manager-port",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "runtime-env-agent-port",
+        "metrics-export-port",
+    )
+    flags = [f"--{name}={port}" for name, port in zip(names, ports, strict=True)]
+    flags += [
+        f"--min-worker-port={worker_range[0]}",
+        f"--max-worker-port={worker_range[1]}",
+        "--object-store-memory=300000000",
+    ]
     return " ".join(flags)
 
 
@@ -141,15 +150,29 @@ def _wait_gone(text: str, timeout: float) -> dict[int, str]:
     return alive
 
 
-def _start_node(kind: str, env: dict[str, str], temp_dir: Path, processes: list[subprocess.Popen],
-                base: dict[str, str], dashboard: str, nodes: int, attempts: int = 3) -> None:
+def _start_node(
+    kind: str,
+    env: dict[str, str],
+    temp_dir: Path,
+    processes: list[subprocess.Popen],
+    base: dict[str, str],
+    dashboard: str,
+    nodes: int,
+    attempts: int = 3,
+) -> None:
     """`ray_cluster.sh head|worker` until the cluster shows ``nodes`` live nodes. Ray gives a
     starting node a fixed 30 s to register with the GCS; on a busy machine that can expire, and
     the node then exits: start it again (up to ``attempts`` times)."""
     log = temp_dir / f"{kind}.log"
     for attempt in range(1, attempts + 1):
-        proc = subprocess.Popen(["bash", str(RECIPES / "ray_cluster.sh"), kind], env=env, cwd=REPO,
-                                stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", str(RECIPES / "ray_cluster.sh"), kind],
+            env=env,
+            cwd=REPO,
+            stdout=open(log, "a"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         processes.append(proc)
         deadline = time.monotonic() + 240
         while len(_alive_nodes(base, dashboard)) < nodes and proc.poll() is None and time.monotonic() < deadline:
@@ -164,9 +187,19 @@ def _start_node(kind: str, env: dict[str, str], temp_dir: Path, processes: list[
 @pytest.fixture
 def placement(tmp_path):
     """The composed TINY NNODES=2 config as it runs inside a Ray job (RAY_ADDRESS is set there)."""
-    run = run_recipe(RECIPE, {"TINY": "1", "NNODES": "2", "DRY_RUN": "1", "STAGES": "train",
-                              "TOTAL_STEPS": str(TOTAL_STEPS), "OUTPUT_DIR": str(tmp_path / "dry"),
-                              "RAY_ADDRESS": "127.0.0.1:1"}, timeout=300)
+    run = run_recipe(
+        RECIPE,
+        {
+            "TINY": "1",
+            "NNODES": "2",
+            "DRY_RUN": "1",
+            "STAGES": "train",
+            "TOTAL_STEPS": str(TOTAL_STEPS),
+            "OUTPUT_DIR": str(tmp_path / "dry"),
+            "RAY_ADDRESS": "127.0.0.1:1",
+        },
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return run.config
 
@@ -183,9 +216,13 @@ def cluster(placement):
     base = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
     base.update(
         RAY_AUTH_MODE="disabled",  # a localhost cluster of one test; real clusters keep tokens (README)
-        RAY_HEAD="127.0.0.1", RAY_PORT=str(ports[0]), RAY_DASHBOARD_PORT=str(ports[1]),
-        RAY_NUM_CPUS="16", RAY_NUM_GPUS=str(per_node),
-        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", PYTHONUNBUFFERED="1",
+        RAY_HEAD="127.0.0.1",
+        RAY_PORT=str(ports[0]),
+        RAY_DASHBOARD_PORT=str(ports[1]),
+        RAY_NUM_CPUS="16",
+        RAY_NUM_GPUS=str(per_node),
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        PYTHONUNBUFFERED="1",
     )
     dashboard = f"http://127.0.0.1:{ports[1]}"
     shared_address_file = Path("/tmp/ray/ray_current_cluster")
@@ -193,12 +230,17 @@ def cluster(placement):
     processes: list[subprocess.Popen] = []
     try:
         head_range = _worker_range(20000)
-        head_env = dict(base, RAY_TEMP_DIR=str(temp_dir), RAY_RESOURCES='{"verl_replay_node_0": 1}',
-                        RAY_START_ARGS=_node_ports(ports[2:8], head_range) + f" --ray-client-server-port={ports[14]}")
+        head_env = dict(
+            base,
+            RAY_TEMP_DIR=str(temp_dir),
+            RAY_RESOURCES='{"verl_replay_node_0": 1}',
+            RAY_START_ARGS=_node_ports(ports[2:8], head_range) + f" --ray-client-server-port={ports[14]}",
+        )
         _start_node("head", head_env, temp_dir, processes, base, dashboard, nodes=1)
         worker_range = _worker_range(head_range[1] + 1)
-        worker_env = dict(base, RAY_RESOURCES='{"verl_replay_node_1": 1}',
-                          RAY_START_ARGS=_node_ports(ports[8:14], worker_range))
+        worker_env = dict(
+            base, RAY_RESOURCES='{"verl_replay_node_1": 1}', RAY_START_ARGS=_node_ports(ports[8:14], worker_range)
+        )
         _start_node("worker", worker_env, temp_dir, processes, base, dashboard, nodes=2)
         yield Cluster(base, temp_dir, dashboard, processes)
     finally:
@@ -210,7 +252,11 @@ def cluster(placement):
             except ProcessLookupError:
                 pass
         after = shared_address_file.read_bytes() if shared_address_file.exists() else None
-        logs = {name: (temp_dir / name).read_text()[-1500:] for name in ("head.log", "worker.log") if (temp_dir / name).exists()}
+        logs = {
+            name: (temp_dir / name).read_text()[-1500:]
+            for name in ("head.log", "worker.log")
+            if (temp_dir / name).exists()
+        }
         shutil.rmtree(temp_dir, ignore_errors=True)
         assert not leftovers, f"Ray processes of the test cluster outlived its nodes: {leftovers}\n{logs}"
         assert after == before, "the test cluster wrote /tmp/ray/ray_current_cluster"
@@ -232,16 +278,30 @@ def _expected(config: dict) -> dict[str, tuple[int, int]]:
 def test_two_node_cluster_runs_the_tiny_recipe_as_a_ray_job(cluster, placement, tmp_path):
     # while our cluster is up, a plain ray.init() elsewhere on this machine would start its own
     # instance: no RAY_ADDRESS, and the address file it reads is not ours
-    probe = subprocess.run([sys.executable, "-c", "import ray._private.services as s; print(s.get_ray_address_from_environment(None, None))"],
-                           env=cluster.env, capture_output=True, text=True, timeout=120)
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import ray._private.services as s; print(s.get_ray_address_from_environment(None, None))",
+        ],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert probe.stdout.strip() == "None", probe.stdout + probe.stderr
     assert "address" not in (placement.get("ray_kwargs", {}).get("ray_init") or {})  # verl's run_ppo passes none
 
     out = tmp_path / "out"
     job_env = f"TINY=1 NNODES=2 STAGES=train TOTAL_STEPS={TOTAL_STEPS} OUTPUT_DIR={out} PYTHON={sys.executable}"
-    submit = subprocess.run(["bash", str(RECIPES / "ray_cluster.sh"), "submit", RECIPE],
-                            env=dict(cluster.env, JOB_ENV=job_env, JOB_ID="verl_replay_multinode_test"),
-                            cwd=REPO, capture_output=True, text=True, timeout=1500)
+    submit = subprocess.run(
+        ["bash", str(RECIPES / "ray_cluster.sh"), "submit", RECIPE],
+        env=dict(cluster.env, JOB_ENV=job_env, JOB_ID="verl_replay_multinode_test"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert submit.returncode == 0, f"{submit.stdout[-4000:]}\n{submit.stderr[-4000:]}"
     assert "Job 'verl_replay_multinode_test' succeeded" in submit.stdout + submit.stderr
 
@@ -252,8 +312,19 @@ def test_two_node_cluster_runs_the_tiny_recipe_as_a_ray_job(cluster, placement, 
     assert (run_dir / "checkpoints" / f"global_step_{TOTAL_STEPS}" / "actor" / "huggingface" / "config.json").is_file()
 
     # placed as configured: Ray's actor table (dead actors are kept) of this job
-    result = _ray_cli("list", "actors", "--address", cluster.dashboard, "--format", "json", "--detail",
-                      "--limit", "10000", env=cluster.env, timeout=120)
+    result = _ray_cli(
+        "list",
+        "actors",
+        "--address",
+        cluster.dashboard,
+        "--format",
+        "json",
+        "--detail",
+        "--limit",
+        "10000",
+        env=cluster.env,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     actors = json.loads(result.stdout)
     nodes = {n["node_id"] for n in _alive_nodes(cluster.env, cluster.dashboard)}

@@ -31,8 +31,15 @@ RECIPES = REPO / "recipes"
 DRY_RUN_OK = "verl_replay: dry run OK"
 
 SQL_FILES = ("bird_train", "bird_dev", "spider_dev", "ambiqt_validation")
-MATH_FILES = ("math_train", "math_math500", "math_aime24", "math_aime25", "math_amc23", "math_minerva",
-              "math_olympiadbench")
+MATH_FILES = (
+    "math_train",
+    "math_math500",
+    "math_aime24",
+    "math_aime25",
+    "math_amc23",
+    "math_minerva",
+    "math_olympiadbench",
+)
 PASS_THROUGH = ("replay.elite.seed=7", "actor_rollout_ref.actor.clip_ratio_high=0.28")
 
 
@@ -49,7 +56,9 @@ class RecipeRun:
         lines = self.stdout.splitlines()
         end = next((i for i, line in enumerate(lines) if line.startswith(DRY_RUN_OK)), None)
         assert end is not None, f"{self.script}: no '{DRY_RUN_OK}' line\n{self.stdout[-2000:]}\n{self.stderr[-3000:]}"
-        start = next(i for i, line in enumerate(lines) if line and not line[0].isspace() and line.rstrip().endswith(":"))
+        start = next(
+            i for i, line in enumerate(lines) if line and not line[0].isspace() and line.rstrip().endswith(":")
+        )
         return yaml.safe_load("\n".join(lines[start:end]))
 
     def command(self, stage: str) -> list[str]:
@@ -66,13 +75,23 @@ def flag(command: list[str], name: str) -> str:
 
 
 def run_recipe(script: str, env: dict[str, str], *args: str, timeout: int = 180) -> RecipeRun:
-    full_env = {key: value for key, value in os.environ.items()
-                if key not in ("VERL_FILE_LOGGER_PATH", "TINY", "DRY_RUN", "RAY_ADDRESS", "PREFLIGHT")}
+    full_env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("VERL_FILE_LOGGER_PATH", "TINY", "DRY_RUN", "RAY_ADDRESS", "PREFLIGHT")
+    }
     full_env.update(env)
     # its own session: on a timeout the whole process group goes, not just bash (its Python children
     # would otherwise keep running on the shared machine)
-    proc = subprocess.Popen(["bash", str(RECIPES / script), *args], cwd=REPO, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(RECIPES / script), *args],
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -98,14 +117,20 @@ DRY_CASES = {
     "elite": ("elite_replay_qwen4b.sh", {}, PASS_THROUGH),
     "hd": ("headroom_drift_math.sh", {}, ()),
     # also two validation files: the recipe hands them to verl as a Hydra list
-    "b256": ("baselines/grpo_onpolicy_b256.sh",
-             {"VAL_FILES": "{DATA_DIR}/math_math500.parquet,{DATA_DIR}/math_aime24.parquet"}, ()),
+    "b256": (
+        "baselines/grpo_onpolicy_b256.sh",
+        {"VAL_FILES": "{DATA_DIR}/math_math500.parquet,{DATA_DIR}/math_aime24.parquet"},
+        (),
+    ),
     "b384": ("baselines/grpo_onpolicy_b384.sh", {}, ()),
     "naive_r256": ("baselines/naive_replay.sh", {"K_REP": "32"}, ()),
     "iid": ("baselines/iid_archive_replay.sh", {}, ()),
     # also the multi-node layout: 2 nodes x 8 GPUs, 4 training + 4 rollout GPUs on each
-    "grpo_sql_2nodes": ("baselines/grpo_sql.sh", {"NNODES": "2", "GPUS_PER_NODE": "8", "TRAIN_GPUS": "4",
-                                                  "ROLLOUT_GPUS": "4"}, ()),
+    "grpo_sql_2nodes": (
+        "baselines/grpo_sql.sh",
+        {"NNODES": "2", "GPUS_PER_NODE": "8", "TRAIN_GPUS": "4", "ROLLOUT_GPUS": "4"},
+        (),
+    ),
     # flash attention asked for explicitly (the GPU image), optimizer offload
     "hd_flash": ("headroom_drift_math.sh", {"ATTN_IMPL": "flash_attention_2", "ACTOR_OFFLOAD": "True"}, ()),
     # the per-GPU memory budget of both recipes' defaults (recipes/README.md shows these tables)
@@ -123,7 +148,7 @@ def dry(inputs) -> dict[str, RecipeRun]:
         return run_recipe(script, {**inputs, "DRY_RUN": "1", "OMP_NUM_THREADS": "1", **env}, *args)
 
     with ThreadPoolExecutor(max_workers=len(DRY_CASES)) as pool:
-        runs = dict(zip(DRY_CASES, pool.map(one, DRY_CASES)))
+        runs = dict(zip(DRY_CASES, pool.map(one, DRY_CASES), strict=True))
     for case, run in runs.items():
         assert run.returncode == 0, f"{case}: rc={run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     return runs
@@ -189,8 +214,11 @@ def test_elite_recipe_prints_search_and_eval_commands(dry, inputs) -> None:
     evaluation = run.command("eval")
     assert evaluation[1:3] == ["-m", "verl_replay.eval"]
     assert flag(evaluation, "--n") == "128" and flag(evaluation, "--k").split(",")[-1] == "128"
-    assert flag(evaluation, "--data").split(",") == [f"{data}/bird_dev.parquet", f"{data}/spider_dev.parquet",
-                                                     f"{data}/ambiqt_validation.parquet"]
+    assert flag(evaluation, "--data").split(",") == [
+        f"{data}/bird_dev.parquet",
+        f"{data}/spider_dev.parquet",
+        f"{data}/ambiqt_validation.parquet",
+    ]
     # the trained checkpoint's HF export at the last step
     run_dir = run.config["run_dir"]
     assert flag(evaluation, "--model") == f"{run_dir}/checkpoints/global_step_100/actor/huggingface"
@@ -241,8 +269,14 @@ def test_headroom_drift_recipe_composes_b256_plus_r128(dry, inputs) -> None:
     evaluation = dry["hd"].command("eval")
     assert flag(evaluation, "--n") == "32" and "32" in flag(evaluation, "--k").split(",")
     benchmarks = [Path(p).stem for p in flag(evaluation, "--data").split(",")]
-    assert benchmarks == ["math_math500", "math_aime24", "math_aime25", "math_amc23", "math_minerva",
-                          "math_olympiadbench"]
+    assert benchmarks == [
+        "math_math500",
+        "math_aime24",
+        "math_aime25",
+        "math_amc23",
+        "math_minerva",
+        "math_olympiadbench",
+    ]
 
 
 def test_on_policy_baselines_b256_and_b384(dry) -> None:
@@ -282,8 +316,11 @@ def test_naive_replay_baseline_r256(dry) -> None:
         ("elite_replay_qwen4b.sh", {"TRAIN_GPUS": "3"}, "exceed GPUS_PER_NODE (4)"),
         ("elite_replay_qwen4b.sh", {"ROLLOUT_TP": "4"}, "must be a multiple of ROLLOUT_TP"),
         ("headroom_drift_math.sh", {"TAU": "moderate"}, "TAU must be a number"),
-        ("elite_replay_qwen4b.sh", {"MAX_RESPONSE_LENGTH": "4096", "PPO_MAX_TOKEN_LEN": "8192"},
-         "PPO_MAX_TOKEN_LEN (8192) must hold one full sequence"),
+        (
+            "elite_replay_qwen4b.sh",
+            {"MAX_RESPONSE_LENGTH": "4096", "PPO_MAX_TOKEN_LEN": "8192"},
+            "PPO_MAX_TOKEN_LEN (8192) must hold one full sequence",
+        ),
     ],
 )
 def test_recipes_refuse_bad_settings(inputs, script, env, message) -> None:
@@ -313,8 +350,14 @@ def test_relative_paths_are_made_absolute(tmp_path) -> None:
     (tmp_path / "ckpt" / "hf").mkdir(parents=True)  # a local folder; a missing org/name is a hub id
     env = {"DRY_RUN": "1", "STAGES": "eval", "DATA_DIR": "data", "OUTPUT_DIR": "out", "EVAL_MODEL": "ckpt/hf"}
     full_env = {key: value for key, value in os.environ.items() if key not in ("TINY", "DRY_RUN")}
-    result = subprocess.run(["bash", str(RECIPES / "headroom_drift_math.sh")], cwd=tmp_path,
-                            env={**full_env, **env}, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", str(RECIPES / "headroom_drift_math.sh")],
+        cwd=tmp_path,
+        env={**full_env, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     evaluation = RecipeRun("headroom_drift_math.sh", 0, result.stdout, result.stderr).command("eval")
     assert flag(evaluation, "--data").split(",")[0] == f"{tmp_path}/data/math_math500.parquet"
@@ -345,9 +388,12 @@ def _check_eval(eval_dir: Path, benchmark: str) -> dict:
 
 # The recipe's TINY=1 path is the full recipe scaled down: verl's separate_async trainer, one training
 # and one rollout worker, the CPU weight-sync engine, 2 update rounds per global step.
-TINY_SPLIT = ("trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.hybrid_engine=False",
-              "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_gloo",
-              "trainer.v1.separate_async.parameter_sync_step=2")
+TINY_SPLIT = (
+    "trainer.v1.trainer_mode=separate_async",
+    "actor_rollout_ref.hybrid_engine=False",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_gloo",
+    "trainer.v1.separate_async.parameter_sync_step=2",
+)
 
 
 def check_replay_once_per_global_step(run_dir: Path, metrics: list[dict], k_rep: int) -> None:
@@ -366,26 +412,41 @@ def check_replay_once_per_global_step(run_dir: Path, metrics: list[dict], k_rep:
 
 
 def test_tiny_recipe_dry_run_prints_the_split_placement(tmp_path) -> None:
-    run = run_recipe("headroom_drift_math.sh", {**_tiny_env(tmp_path), "DRY_RUN": "1", "STAGES": "train"},
-                     timeout=600)
+    run = run_recipe("headroom_drift_math.sh", {**_tiny_env(tmp_path), "DRY_RUN": "1", "STAGES": "train"}, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     config = run.config
     assert config["trainer"]["v1"]["trainer_mode"] == "separate_async"
     assert config["trainer"]["v1"]["separate_async"]["parameter_sync_step"] == 2
     assert config["actor_rollout_ref"]["rollout"]["checkpoint_engine"]["backend"] == "cpu_gloo"
     assert config["actor_rollout_ref"]["rollout"]["name"] == "hf" and config["trainer"]["device"] == "cpu"
-    assert (config["actor_rollout_ref"]["rollout"]["nnodes"], config["actor_rollout_ref"]["rollout"]["n_gpus_per_node"]) == (1, 1)
+    assert (
+        config["actor_rollout_ref"]["rollout"]["nnodes"],
+        config["actor_rollout_ref"]["rollout"]["n_gpus_per_node"],
+    ) == (1, 1)
 
 
 @pytest.mark.e2e
 def test_tiny_headroom_drift_recipe_runs_every_stage(tmp_path) -> None:
-    env = {**_tiny_env(tmp_path), "TOTAL_STEPS": "5", "TRAIN_PROMPTS": "4", "PPO_MINI_PROMPTS": "2", "K_REP": "2",
-           "TAU": "10", "SCAN_CHUNK_GROUPS": "16"}
+    env = {
+        **_tiny_env(tmp_path),
+        "TOTAL_STEPS": "5",
+        "TRAIN_PROMPTS": "4",
+        "PPO_MINI_PROMPTS": "2",
+        "K_REP": "2",
+        "TAU": "10",
+        "SCAN_CHUNK_GROUPS": "16",
+    }
     audit, dump = tmp_path / "audit", tmp_path / "rollouts"
     # extra arguments reach the training stage as Hydra overrides: what the update trained on, and
     # verl's own rollout dump, for the checks against independent sources below
-    run = run_recipe("headroom_drift_math.sh", env, f"replay.audit_dir={audit}", f"trainer.rollout_data_dir={dump}",
-                     "algorithm.rollout_correction.rollout_is=token", timeout=1200)
+    run = run_recipe(
+        "headroom_drift_math.sh",
+        env,
+        f"replay.audit_dir={audit}",
+        f"trainer.rollout_data_dir={dump}",
+        "algorithm.rollout_correction.rollout_is=token",
+        timeout=1200,
+    )
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     train = run.command("train")
     assert all(override in train for override in TINY_SPLIT), train
@@ -483,10 +544,14 @@ def test_preflight_runs_before_the_first_stage(inputs, tmp_path) -> None:
 
     if torch.version.cuda is not None:
         pytest.skip("this interpreter has the GPU stack")
-    run = run_recipe("headroom_drift_math.sh", {**inputs, "OUTPUT_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}, timeout=300)
+    run = run_recipe(
+        "headroom_drift_math.sh", {**inputs, "OUTPUT_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}, timeout=300
+    )
     assert run.returncode == 2, run.stderr[-3000:]
     assert "[preflight] FAIL  torch" in run.stdout and "preflight failed" in run.stderr
     assert "] train:" not in run.stderr  # the training command never started
-    skipped = run_recipe("headroom_drift_math.sh", {**inputs, "DRY_RUN": "1", "PREFLIGHT": "0", "STAGES": "eval",
-                                                     "EVAL_MODEL": inputs["MODEL_PATH"]})
+    skipped = run_recipe(
+        "headroom_drift_math.sh",
+        {**inputs, "DRY_RUN": "1", "PREFLIGHT": "0", "STAGES": "eval", "EVAL_MODEL": inputs["MODEL_PATH"]},
+    )
     assert skipped.returncode == 0 and "[preflight]" not in skipped.stdout

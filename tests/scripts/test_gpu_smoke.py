@@ -24,8 +24,13 @@ def test_smoke_config_composes_and_validates(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "the smoke run's config composes and validates" in proc.stderr
     command = next(line for line in proc.stderr.splitlines() if "train (dry run):" in line)
-    for override in ("platform=gpu", "trainer.v1.trainer_mode=sync", "trainer.n_gpus_per_node=1",
-                     "trainer.total_training_steps=3", "replay.strategy=headroom_drift"):
+    for override in (
+        "platform=gpu",
+        "trainer.v1.trainer_mode=sync",
+        "trainer.n_gpus_per_node=1",
+        "trainer.total_training_steps=3",
+        "replay.strategy=headroom_drift",
+    ):
         assert override in command
 
 

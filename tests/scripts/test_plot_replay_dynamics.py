@@ -35,10 +35,15 @@ def _group(gen: torch.Generator) -> ReplayGroup:
     # spread initial Headroom: sharp (near 0) vs diffuse log-probs per group
     sharp = float(torch.rand(1, generator=gen)) * 3
     return ReplayGroup(
-        prompt_ids=torch.arange(3), response_ids=torch.randint(0, 50, (L,), generator=gen),
-        response_lengths=lengths, response_mask=torch.ones(L, dtype=torch.bool),
-        gen_log_probs=-sharp * torch.rand(L, generator=gen), advantages=adv, correct=correct,
-        scores=correct.float())
+        prompt_ids=torch.arange(3),
+        response_ids=torch.randint(0, 50, (L,), generator=gen),
+        response_lengths=lengths,
+        response_mask=torch.ones(L, dtype=torch.bool),
+        gen_log_probs=-sharp * torch.rand(L, generator=gen),
+        advantages=adv,
+        correct=correct,
+        scores=correct.float(),
+    )
 
 
 def _scorer(step: int):
@@ -49,6 +54,7 @@ def _scorer(step: int):
             scale = 0.05 * (1 + (g.group_id + step) % 6)  # drift grows with some groups
             out.append(g.gen_log_probs + scale * torch.randn(g.num_tokens, generator=gen))
         return out
+
     return score
 
 
@@ -58,8 +64,7 @@ def logged_run(tmp_path):
     torch.set_num_threads(1)
     try:
         gen = torch.Generator().manual_seed(0)
-        buf = HeadroomDriftBuffer(capacity=40, k_rep=3, tau=0.17, scan_chunk_groups=4,
-                                  max_scan_groups=12)
+        buf = HeadroomDriftBuffer(capacity=40, k_rep=3, tau=0.17, scan_chunk_groups=4, max_scan_groups=12)
         path = tmp_path / "runs" / "x" / "replay_events.jsonl"
         groups: list[ReplayGroup] = []
         results = []
@@ -130,7 +135,7 @@ def test_plots_and_tables_match_direct_computation(logged_run, tmp_path):
 
     # (c) scan depth / accepted per step from the stats
     assert [r["step"] for r in tables["steps"]] == list(range(30))
-    for row, res in zip(tables["steps"], results):
+    for row, res in zip(tables["steps"], results, strict=True):
         assert row["scan_depth"] == res.stats["scan_depth"]
         assert row["accepted"] == len(res.groups)
 
@@ -138,18 +143,21 @@ def test_plots_and_tables_match_direct_computation(logged_run, tmp_path):
 def test_completed_only_and_empty_log(logged_run, tmp_path):
     path, groups, _ = logged_run
     mod = _load_script()
-    tables = mod.main(["--events", str(path), "--out-dir", str(tmp_path / "a"),
-                       "--completed-only"])
+    tables = mod.main(["--events", str(path), "--out-dir", str(tmp_path / "a"), "--completed-only"])
     evicted = [g for g in groups if g.group_id < 120 - 40]  # capacity 40: oldest 80 evicted
     assert sum(r["groups"] for r in tables["deciles"]) == len(evicted)
     assert sum(r["mean_replays"] * r["groups"] for r in tables["deciles"]) == pytest.approx(
-        sum(g.replay_count for g in evicted))
+        sum(g.replay_count for g in evicted)
+    )
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     t = mod.main(["--events", str(empty), "--out-dir", str(tmp_path / "b")])
     assert t == {"deciles": [], "age": [], "steps": []}
     assert json.loads((tmp_path / "b" / "tables.json").read_text())["settings"] == {
-        "strategy": None, "tau": None, "k_rep": None}
+        "strategy": None,
+        "tau": None,
+        "k_rep": None,
+    }
     for name in mod.PLOTS.values():
         _assert_png(tmp_path / "b" / name)
 
@@ -161,7 +169,8 @@ def _integral(values) -> bool:
 def test_plots_show_counts_integer_ticks_and_the_runs_settings(logged_run, tmp_path):
     path, _, _ = logged_run
     (path.parent / "config.yaml").write_text(
-        "run_dir: x\nreplay:\n  strategy: headroom_drift\n  tau: 0.17\n  k_rep: 3\n  capacity: 40\n")
+        "run_dir: x\nreplay:\n  strategy: headroom_drift\n  tau: 0.17\n  k_rep: 3\n  capacity: 40\n"
+    )
     mod = _load_script()
     events = mod.read_events(path)
     tables = mod.compute_tables(events)

@@ -9,10 +9,7 @@ from hypothesis import strategies as st
 import verl_replay
 from verl_replay.sql.skeleton import SQLParseError, parse_query, sql_skeleton
 
-JOIN = (
-    "SELECT T1.name FROM singer AS T1 JOIN concert AS T2 ON T1.singer_id = T2.singer_id "
-    "WHERE T2.year = 2014"
-)
+JOIN = "SELECT T1.name FROM singer AS T1 JOIN concert AS T2 ON T1.singer_id = T2.singer_id WHERE T2.year = 2014"
 IN_SUBQUERY = "SELECT name FROM singer WHERE singer_id IN (SELECT singer_id FROM concert WHERE year = 2014)"
 EXISTS = (
     "SELECT name FROM singer AS s WHERE EXISTS "
@@ -34,12 +31,9 @@ def test_rendering_of_a_join_query() -> None:
 
 
 def test_alias_renaming_gives_same_skeleton() -> None:
-    renamed = (
-        "SELECT s.name FROM singer s JOIN concert c ON s.singer_id = c.singer_id WHERE c.year = 2014"
-    )
+    renamed = "SELECT s.name FROM singer s JOIN concert c ON s.singer_id = c.singer_id WHERE c.year = 2014"
     unaliased = (
-        "SELECT singer.name FROM singer JOIN concert ON singer.singer_id = concert.singer_id "
-        "WHERE concert.year = 2014"
+        "SELECT singer.name FROM singer JOIN concert ON singer.singer_id = concert.singer_id WHERE concert.year = 2014"
     )
     assert sql_skeleton(JOIN) == sql_skeleton(renamed) == sql_skeleton(unaliased)
 
@@ -98,11 +92,15 @@ def test_case_whitespace_and_quoting_are_irrelevant() -> None:
 
 
 def test_join_spellings_and_redundant_parentheses() -> None:
-    assert sql_skeleton("SELECT a FROM t INNER JOIN u ON t.x = u.x") == sql_skeleton("SELECT a FROM t JOIN u ON (t.x = u.x)")
+    assert sql_skeleton("SELECT a FROM t INNER JOIN u ON t.x = u.x") == sql_skeleton(
+        "SELECT a FROM t JOIN u ON (t.x = u.x)"
+    )
     assert sql_skeleton("SELECT a FROM t LEFT OUTER JOIN u ON t.x = u.x") == sql_skeleton(
         "SELECT a FROM t LEFT JOIN u ON t.x = u.x"
     )
-    assert sql_skeleton("SELECT a FROM t LEFT JOIN u ON t.x = u.x") != sql_skeleton("SELECT a FROM t JOIN u ON t.x = u.x")
+    assert sql_skeleton("SELECT a FROM t LEFT JOIN u ON t.x = u.x") != sql_skeleton(
+        "SELECT a FROM t JOIN u ON t.x = u.x"
+    )
     assert sql_skeleton("SELECT ((a)) FROM t WHERE ((b = 1))") == sql_skeleton("SELECT a FROM t WHERE b = 1")
 
 
@@ -144,8 +142,11 @@ def test_property_conjunction_order_literals_and_alias(columns, literals, perm, 
         alias = "zz"
     values_a = [literals.draw(_LITERALS) for _ in columns]
     values_b = [literals.draw(_LITERALS) for _ in columns]
-    preds_a = [f"t.{c} = {v}" for c, v in zip(columns, values_a)]
-    preds_b = [f"{v} = {alias}.{c}" if flip else f"{alias}.{c} = {v}" for c, v, flip in zip(columns, values_b, flips)]
+    preds_a = [f"t.{c} = {v}" for c, v in zip(columns, values_a, strict=True)]
+    preds_b = [
+        f"{v} = {alias}.{c}" if flip else f"{alias}.{c} = {v}"
+        for c, v, flip in zip(columns, values_b, flips, strict=True)
+    ]
     perm.shuffle(preds_b)
     a = f"SELECT t.a FROM tab AS t WHERE {' AND '.join(preds_a)}"
     b = f"SELECT {alias}.a FROM tab {alias} WHERE {' AND '.join(preds_b)}"

@@ -17,7 +17,7 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from verifier_fixtures import build_db
+from verifier_fixtures import build_db  # noqa: E402  (importable only once the folder is on sys.path)
 
 
 @pytest.fixture

@@ -164,7 +164,7 @@ def _decode(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")  # our documented lossless decoding, on both sides
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ref_run(db: Path, sql: str) -> list[tuple[Any, ...]] | None:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     conn.text_factory = _decode
@@ -343,8 +343,12 @@ def corpus_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     conn.executemany(
         "INSERT INTO emp VALUES (?, ?, ?, ?, ?, ?)",
         [
-            (1, "ann", "eng", 120.0, 30, None), (2, "bob", "eng", 90.0, 41, 1), (3, "cid", "ops", 150.0, 30, None),
-            (4, "dee", "ops", 80.0, 25, 3), (5, "eve", "eng", 90.0, 52, 1), (6, "fay", "hr", 100.0, 33, 3),
+            (1, "ann", "eng", 120.0, 30, None),
+            (2, "bob", "eng", 90.0, 41, 1),
+            (3, "cid", "ops", 150.0, 30, None),
+            (4, "dee", "ops", 80.0, 25, 3),
+            (5, "eve", "eng", 90.0, 52, 1),
+            (6, "fay", "hr", 100.0, 33, 3),
         ],
     )
     conn.executemany(
@@ -400,7 +404,11 @@ def test_spider_match_equals_the_brute_force_reference_on_random_results() -> No
             row[j] = rng.choice(values)
             pred[i] = tuple(row)
         for ordered in (False, True):
-            assert spider_match(pred, gold, ordered=ordered) == ref_result_eq(gold, pred, ordered), (gold, pred, ordered)
+            assert spider_match(pred, gold, ordered=ordered) == ref_result_eq(gold, pred, ordered), (
+                gold,
+                pred,
+                ordered,
+            )
 
 
 def test_corpus_golds_order_test_is_the_official_one() -> None:

@@ -107,9 +107,7 @@ def test_strip_think() -> None:
 # --------------------------------------------------------------------------- linear time
 # The previous implementations (regex with lazy quantifiers, one brace scan per box): same
 # results, quadratic time on degenerate responses. Kept here as the reference.
-_OLD_SEGMENT_RE = re.compile(
-    r"\$\$(?P<a>.+?)\$\$|\$(?P<b>[^$]+?)\$|\\\((?P<c>.+?)\\\)|\\\[(?P<d>.+?)\\\]", re.DOTALL
-)
+_OLD_SEGMENT_RE = re.compile(r"\$\$(?P<a>.+?)\$\$|\$(?P<b>[^$]+?)\$|\\\((?P<c>.+?)\\\)|\\\[(?P<d>.+?)\\\]", re.DOTALL)
 
 
 def _old_segments(text: str) -> list[tuple[int, str]]:
@@ -145,8 +143,29 @@ def _old_boxed(text: str) -> str | None:
     return max(candidates, key=lambda c: c[0])[1] if candidates else None
 
 
-_PIECES = ["$", "$$", "\\(", "\\)", "\\[", "\\]", "{", "}", "\\{", "\\}", "\\", "\\boxed{", "\\boxed ", "\\fbox{",
-           "x", "1", " ", "=", "\n", "2/3", "\\frac{1}{2}"]
+_PIECES = [
+    "$",
+    "$$",
+    "\\(",
+    "\\)",
+    "\\[",
+    "\\]",
+    "{",
+    "}",
+    "\\{",
+    "\\}",
+    "\\",
+    "\\boxed{",
+    "\\boxed ",
+    "\\fbox{",
+    "x",
+    "1",
+    " ",
+    "=",
+    "\n",
+    "2/3",
+    "\\frac{1}{2}",
+]
 
 
 def test_linear_scanners_agree_with_the_regex_reference() -> None:

@@ -163,7 +163,9 @@ class TestSandbox:
 def test_inline_inside_a_pool_worker() -> None:
     with VerifierPool(num_workers=1, task_timeout_s=30) as pool:
         # generous deadline: this worker is cold (its first simplify pays sympy's set-up)
-        ok = pool.submit(functools.partial(verify_math, timeout_s=20.0), r"\boxed{\frac{\sqrt{2}}{2}}", r"\frac{1}{\sqrt{2}}")
+        ok = pool.submit(
+            functools.partial(verify_math, timeout_s=20.0), r"\boxed{\frac{\sqrt{2}}{2}}", r"\frac{1}{\sqrt{2}}"
+        )
         slow = pool.submit(functools.partial(verify_math, timeout_s=1.0), rf"\boxed{{{PATHOLOGICAL[1]}}}", "1")
         ok, slow = ok.result(), slow.result()
     assert (ok.correct, ok.reason, ok.path) == (True, "ok", "inline")

@@ -28,8 +28,16 @@ def assert_processes_gone(pids: list[int]) -> None:
 
 
 SCENARIOS = [
-    ("ok", 0), ("exit", 1), ("ok", 2), ("segfault", 3), ("ok", 4),
-    ("sleep", 5), ("ok", 6), ("busy", 7), ("raise", 8), ("ok", 9),
+    ("ok", 0),
+    ("exit", 1),
+    ("ok", 2),
+    ("segfault", 3),
+    ("ok", 4),
+    ("sleep", 5),
+    ("ok", 6),
+    ("busy", 7),
+    ("raise", 8),
+    ("ok", 9),
 ]
 
 
@@ -40,8 +48,8 @@ def test_crashes_and_hangs_cost_one_result_each(start_method: str) -> None:
         start = time.monotonic()
         results = pool.map(tasks.scenario, SCENARIOS)
         elapsed = time.monotonic() - start
-        by_kind = dict(zip((k for k, _ in SCENARIOS), results))
-        assert [r for (k, _), r in zip(SCENARIOS, results) if k == "ok"] == [0, 20, 40, 60, 90]
+        by_kind = dict(zip((k for k, _ in SCENARIOS), results, strict=True))
+        assert [r for (k, _), r in zip(SCENARIOS, results, strict=True) if k == "ok"] == [0, 20, 40, 60, 90]
         assert by_kind["exit"] == TaskFailure("worker_crashed", "worker process died (exit code 7)")
         assert by_kind["segfault"].reason == "worker_crashed" and "-11" in by_kind["segfault"].detail
         assert by_kind["sleep"].reason == "worker_timeout"
@@ -240,8 +248,9 @@ def test_preloading_the_sql_module_starts_each_workers_sandbox(db: Path) -> None
     """A pool that preloads verl_replay.verifiers.sql starts its workers' SQL sandboxes before
     they report ready, so no task deadline pays for their start-up."""
     verify = functools.partial(verify_sql, timeout_s=5.0)
-    with VerifierPool(num_workers=1, task_timeout_s=10, preload=("verl_replay.verifiers.sql",),
-                      on_failure=sql_failure) as pool:
+    with VerifierPool(
+        num_workers=1, task_timeout_s=10, preload=("verl_replay.verifiers.sql",), on_failure=sql_failure
+    ) as pool:
         assert pool.wait_ready(30.0)
         [worker] = pool.worker_pids()
         sandbox_workers = tasks.children_of(worker)

@@ -33,7 +33,8 @@ LONG_STEPS = {
     ),
 }
 ROWS_150_X_16MB = (
-    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 150) SELECT x, randomblob(16000000) FROM c"
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 150) "
+    "SELECT x, randomblob(16000000) FROM c"
 )
 
 
@@ -109,8 +110,7 @@ def test_a_long_sqlite_step_is_killed_at_the_deadline(sb: SQLSandbox, db: Path, 
 def test_the_same_step_overruns_without_the_sandbox(db: Path) -> None:
     """Why the sandbox exists: inline, the deadline only fires after the step ends."""
     small = (
-        "SELECT instr(x || 'b', substr(x, 1, 20000) || 'b') "
-        "FROM (SELECT replace(hex(zeroblob(200000)), '0', 'a') AS x)"
+        "SELECT instr(x || 'b', substr(x, 1, 20000) || 'b') FROM (SELECT replace(hex(zeroblob(200000)), '0', 'a') AS x)"
     )
     # Grow the step until it takes several deadlines uninterrupted, whatever this CPU's speed.
     for size in (200_000, 400_000, 800_000, 1_600_000):
@@ -207,7 +207,8 @@ def test_workers_die_with_their_owner(tmp_path: Path, db: Path) -> None:
     """SIGKILL the owning process while its worker is inside a long SQLite step: the worker's
     lifeline closes and it exits at once (no orphan keeps burning CPU)."""
     script = tmp_path / "owner.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, threading, time
         sys.path[:0] = {sys.path!r}
         from verl_replay.verifiers.sandbox import SQLSandbox
@@ -218,7 +219,8 @@ def test_workers_die_with_their_owner(tmp_path: Path, db: Path) -> None:
         time.sleep(0.5)
         print(" ".join(map(str, sb.worker_pids())), flush=True)
         time.sleep(600)
-    """))
+    """)
+    )
     owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in owner.stdout.readline().split()]  # type: ignore[union-attr]
@@ -283,8 +285,13 @@ def test_process_wide_sandbox_and_its_configuration(monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_workers": 0}, {"min_workers": 5, "max_workers": 2}, {"memory_limit_mb": 10}, {"kill_grace_s": 0},
-     {"max_tasks_per_worker": 0}],
+    [
+        {"max_workers": 0},
+        {"min_workers": 5, "max_workers": 2},
+        {"memory_limit_mb": 10},
+        {"kill_grace_s": 0},
+        {"max_tasks_per_worker": 0},
+    ],
 )
 def test_invalid_arguments(kwargs: dict) -> None:
     with pytest.raises(ValueError):

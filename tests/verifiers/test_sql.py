@@ -83,7 +83,9 @@ ADVERSARIAL = [
 ]
 
 
-@pytest.mark.parametrize(("predicted", "expected"), ADVERSARIAL, ids=[f"{i}-{r}" for i, (_, r) in enumerate(ADVERSARIAL)])
+@pytest.mark.parametrize(
+    ("predicted", "expected"), ADVERSARIAL, ids=[f"{i}-{r}" for i, (_, r) in enumerate(ADVERSARIAL)]
+)
 def test_adversarial_sql_fails_safely(db: Path, predicted: object, expected: str) -> None:
     before = fingerprint(db)
     if isinstance(predicted, str):

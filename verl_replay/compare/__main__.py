@@ -16,7 +16,6 @@ that finished). Exit status 1 if a run failed, 2 for a usage error.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -24,7 +23,16 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from verl_replay.compare.plan import COMPARISONS, PROFILES, TARGET_REPLAY_KL, Plan, build_plan, paper_profile, tau_rule, tiny_profile
+from verl_replay.compare.plan import (
+    COMPARISONS,
+    PROFILES,
+    TARGET_REPLAY_KL,
+    Plan,
+    build_plan,
+    paper_profile,
+    tau_rule,
+    tiny_profile,
+)
 
 
 def _csv(text: str) -> list[str]:
@@ -39,26 +47,49 @@ def _seeds(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verl_replay.compare",
-                                description="Run the papers' strategy comparisons through the recipes and report them.")
-    p.add_argument("--comparison", type=_csv, default=list(COMPARISONS),
-                   help=f"comma-separated: {', '.join(COMPARISONS)} (default: both)")
-    p.add_argument("--profile", choices=PROFILES, default="tiny",
-                   help="tiny: CPU, minutes (default); paper: the recipes' paper-scale settings (GPU cluster)")
+    p = argparse.ArgumentParser(
+        prog="python -m verl_replay.compare",
+        description="Run the papers' strategy comparisons through the recipes and report them.",
+    )
+    p.add_argument(
+        "--comparison",
+        type=_csv,
+        default=list(COMPARISONS),
+        help=f"comma-separated: {', '.join(COMPARISONS)} (default: both)",
+    )
+    p.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="tiny",
+        help="tiny: CPU, minutes (default); paper: the recipes' paper-scale settings (GPU cluster)",
+    )
     p.add_argument("--seeds", type=_seeds, default=[1, 2, 3], help="comma-separated seeds (default: 1,2,3)")
-    p.add_argument("--arms", type=_csv, default=None,
-                   help="only these arms (grpo_matched, grpo_larger, naive, headroom_drift; grpo, elite_iid, elite)")
+    p.add_argument(
+        "--arms",
+        type=_csv,
+        default=None,
+        help="only these arms (grpo_matched, grpo_larger, naive, headroom_drift; grpo, elite_iid, elite)",
+    )
     p.add_argument("--out", default=None, help="output folder (default: outputs/compare_<profile>)")
     p.add_argument("--steps", type=int, default=None, help="global training steps per run (tiny: 6, paper: 500)")
     p.add_argument("--test-freq", type=int, default=None, help="validation every N global steps (tiny: 2, paper: 50)")
     p.add_argument("--val-n", type=int, default=None, help="validation samples per question (tiny: 2, paper: 32)")
-    p.add_argument("--tau", type=float, default=None,
-                   help=f"Policy Drift gate (default: the documented rule sqrt(2 x {TARGET_REPLAY_KL}) = {tau_rule():.4f})")
+    p.add_argument(
+        "--tau",
+        type=float,
+        default=None,
+        help=f"Policy Drift gate (default: the documented rule sqrt(2 x {TARGET_REPLAY_KL}) = {tau_rule():.4f})",
+    )
     p.add_argument("--recipes-dir", default=None, help="the recipes/ folder (default: the one next to the package)")
     p.add_argument("--python", default=sys.executable, help="interpreter the recipes run (default: this one)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (every command) and exit; also DRY_RUN=1")
-    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
-                   help="start no run that would likely end past this many seconds (repeat the command to continue)")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no run that would likely end past this many seconds (repeat the command to continue)",
+    )
     p.add_argument("--report-only", action="store_true", help="write the report from the finished runs, run nothing")
     return p
 
@@ -66,8 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _recipes_dir(given: Optional[str]) -> Path:
     path = Path(given) if given else Path(__file__).resolve().parents[2] / "recipes"
     if not (path / "headroom_drift_math.sh").is_file():
-        raise SystemExit(f"python -m verl_replay.compare: no recipes in {path} "
-                         "(run from a source checkout, or pass --recipes-dir PATH/recipes)")
+        raise SystemExit(
+            f"python -m verl_replay.compare: no recipes in {path} "
+            "(run from a source checkout, or pass --recipes-dir PATH/recipes)"
+        )
     return path
 
 
@@ -85,15 +118,24 @@ def make_plan(args: argparse.Namespace) -> Plan:
     make_profile = tiny_profile if args.profile == "tiny" else paper_profile
     profile = make_profile(args.steps, args.test_freq, args.val_n)
     out = Path(args.out or f"outputs/compare_{args.profile}")
-    return build_plan(comparisons=args.comparison, profile=profile, seeds=args.seeds, out_dir=out,
-                      recipes_dir=_recipes_dir(args.recipes_dir), python=args.python, arms=args.arms,
-                      tau=args.tau)
+    return build_plan(
+        comparisons=args.comparison,
+        profile=profile,
+        seeds=args.seeds,
+        out_dir=out,
+        recipes_dir=_recipes_dir(args.recipes_dir),
+        python=args.python,
+        arms=args.arms,
+        tau=args.tau,
+    )
 
 
 def print_plan(plan: Plan) -> None:
-    print(f"# profile {plan.profile.name}: global steps {plan.profile.steps}, validation every "
-          f"{plan.profile.test_freq} steps with val_kwargs.n={plan.profile.val_n} (sampled); tau={plan.tau:.6g} "
-          f"(rule: sqrt(2 x {TARGET_REPLAY_KL}))")
+    print(
+        f"# profile {plan.profile.name}: global steps {plan.profile.steps}, validation every "
+        f"{plan.profile.test_freq} steps with val_kwargs.n={plan.profile.val_n} (sampled); tau={plan.tau:.6g} "
+        f"(rule: sqrt(2 x {TARGET_REPLAY_KL}))"
+    )
     if plan.search is not None:
         print(f"# archive search (once, shared by the elite arms)\n{plan.search.shell()}")
     for run in plan.runs:
@@ -124,8 +166,10 @@ def collect_document(plan: Plan, records: dict[str, dict[str, Any]], wall_s: Opt
             result["wall_s"] = done["wall_s"]
             result["command"] = done["command"]
             runs.setdefault(spec.arm.name, {})[spec.seed] = result
-        arm_meta = [{"name": a.name, "label": a.label, "recipe": a.recipe, "fresh_prompts_per_step": a.fresh_prompts}
-                    for a in arms]
+        arm_meta = [
+            {"name": a.name, "label": a.label, "recipe": a.recipe, "fresh_prompts_per_step": a.fresh_prompts}
+            for a in arms
+        ]
         comparisons.append(aggregate(comparison, arm_meta, runs))
     run_walls = [r.get("wall_s", 0.0) for r in records.values()] if records else []
     return {
@@ -171,8 +215,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(format_table(comp))
     for problem in document["problems"]:
         print(f"[compare] missing: {problem}", file=sys.stderr)
-    print(f"[compare] wrote {paths['json']}, {paths['table']}, {paths['png']}"
-          + (f" (wall time {wall:.0f}s)" if wall is not None else ""), file=sys.stderr)
+    print(
+        f"[compare] wrote {paths['json']}, {paths['table']}, {paths['png']}"
+        + (f" (wall time {wall:.0f}s)" if wall is not None else ""),
+        file=sys.stderr,
+    )
     failed = [k for k, r in records.items() if r.get("returncode") not in (0,)]
     return 1 if failed or document["problems"] else 0
 

@@ -114,8 +114,11 @@ def _eval_metrics(run_dir: Path) -> Optional[dict[str, float]]:
         macro = doc["averages"]["macro"]
     except (ValueError, KeyError, TypeError) as exc:
         raise RunResultError(f"{path}: not a verl_replay.eval results document ({exc})") from None
-    keep = {k: float(v) for k, v in macro.items()
-            if (k.startswith("pass@") or k in ("distinct_strategies", "mean@n", "best@n")) and v is not None}
+    keep = {
+        k: float(v)
+        for k, v in macro.items()
+        if (k.startswith("pass@") or k in ("distinct_strategies", "mean@n", "best@n")) and v is not None
+    }
     return keep
 
 

@@ -85,26 +85,46 @@ class Profile:
 
 def tiny_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, val_n: Optional[int] = None) -> Profile:
     steps, test_freq = steps or 6, test_freq or 2
-    return Profile(name="tiny", tiny=True, steps={c: steps for c in COMPARISONS},
-                   test_freq={c: test_freq for c in COMPARISONS}, val_n=val_n or 2, group_size=4,
-                   # G = 8 groups in 2 rounds of one 4-group optimiser step, K_rep = G / 2 like
-                   # b256 + r128; 1.5 G = 12 in 3 rounds. 4 prompts per round, not the recipe's 2:
-                   # a round whose rows all have one length crashes verl's own update on this
-                   # stack (see docs/comparison/README.md), and 2 tiny-math prompts x 4 short
-                   # answers often do
-                   prompts=8, mini_prompts=4, k_rep=4, eval_n=4, eval_k="1,2,4",
-                   eval_limit=1000,  # more than the tiny validation set: every question
-                   math_eval=False)
+    return Profile(
+        name="tiny",
+        tiny=True,
+        steps={c: steps for c in COMPARISONS},
+        test_freq={c: test_freq for c in COMPARISONS},
+        val_n=val_n or 2,
+        group_size=4,
+        # G = 8 groups in 2 rounds of one 4-group optimiser step, K_rep = G / 2 like
+        # b256 + r128; 1.5 G = 12 in 3 rounds. 4 prompts per round, not the recipe's 2:
+        # a round whose rows all have one length crashes verl's own update on this
+        # stack (see docs/comparison/README.md), and 2 tiny-math prompts x 4 short
+        # answers often do
+        prompts=8,
+        mini_prompts=4,
+        k_rep=4,
+        eval_n=4,
+        eval_k="1,2,4",
+        eval_limit=1000,  # more than the tiny validation set: every question
+        math_eval=False,
+    )
 
 
 def paper_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, val_n: Optional[int] = None) -> Profile:
     # recipes/README.md: math b256 (32 x 8) + r128 (16 groups), 8 prompts per optimiser step, 500
     # steps; SQL 128 x 8, 100 steps. Validation Mean@32 / Best@32, sampled.
-    return Profile(name="paper", tiny=False,
-                   steps={"headroom_drift": steps or 500, "elite": steps or 100},
-                   test_freq={"headroom_drift": test_freq or 50, "elite": test_freq or 25}, val_n=val_n or 32,
-                   group_size=8, prompts=32, mini_prompts=8, k_rep=16, eval_n=128,
-                   eval_k="1,2,4,8,16,32,64,128", eval_limit=None, math_eval=True)
+    return Profile(
+        name="paper",
+        tiny=False,
+        steps={"headroom_drift": steps or 500, "elite": steps or 100},
+        test_freq={"headroom_drift": test_freq or 50, "elite": test_freq or 25},
+        val_n=val_n or 32,
+        group_size=8,
+        prompts=32,
+        mini_prompts=8,
+        k_rep=16,
+        eval_n=128,
+        eval_k="1,2,4,8,16,32,64,128",
+        eval_limit=None,
+        math_eval=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -155,16 +175,39 @@ def headroom_drift_arms(profile: Profile, tau: float) -> list[Arm]:
         raise ValueError(f"1.5 x {profile.prompts} prompts must be a whole multiple of {profile.mini_prompts}")
     replay = {"K_REP": str(profile.k_rep)}
     return [
-        Arm("headroom_drift", "grpo_matched", f"GRPO on-policy b{profile.prompts * profile.group_size}",
-            "baselines/grpo_onpolicy_b256.sh", {"TRAIN_PROMPTS": str(profile.prompts)}, profile.prompts),
-        Arm("headroom_drift", "grpo_larger", f"GRPO on-policy b{larger * profile.group_size}",
-            "baselines/grpo_onpolicy_b384.sh", {"TRAIN_PROMPTS": str(larger)}, larger),
-        Arm("headroom_drift", "naive", f"naive replay b{profile.prompts * profile.group_size}"
-            f"+r{profile.k_rep * profile.group_size}", "baselines/naive_replay.sh",
-            {"TRAIN_PROMPTS": str(profile.prompts), **replay}, profile.prompts),
-        Arm("headroom_drift", "headroom_drift", f"Headroom-Drift b{profile.prompts * profile.group_size}"
-            f"+r{profile.k_rep * profile.group_size} (tau {tau:.4f})", "headroom_drift_math.sh",
-            {"TRAIN_PROMPTS": str(profile.prompts), "TAU": f"{tau:.6g}", **replay}, profile.prompts),
+        Arm(
+            "headroom_drift",
+            "grpo_matched",
+            f"GRPO on-policy b{profile.prompts * profile.group_size}",
+            "baselines/grpo_onpolicy_b256.sh",
+            {"TRAIN_PROMPTS": str(profile.prompts)},
+            profile.prompts,
+        ),
+        Arm(
+            "headroom_drift",
+            "grpo_larger",
+            f"GRPO on-policy b{larger * profile.group_size}",
+            "baselines/grpo_onpolicy_b384.sh",
+            {"TRAIN_PROMPTS": str(larger)},
+            larger,
+        ),
+        Arm(
+            "headroom_drift",
+            "naive",
+            f"naive replay b{profile.prompts * profile.group_size}+r{profile.k_rep * profile.group_size}",
+            "baselines/naive_replay.sh",
+            {"TRAIN_PROMPTS": str(profile.prompts), **replay},
+            profile.prompts,
+        ),
+        Arm(
+            "headroom_drift",
+            "headroom_drift",
+            f"Headroom-Drift b{profile.prompts * profile.group_size}"
+            f"+r{profile.k_rep * profile.group_size} (tau {tau:.4f})",
+            "headroom_drift_math.sh",
+            {"TRAIN_PROMPTS": str(profile.prompts), "TAU": f"{tau:.6g}", **replay},
+            profile.prompts,
+        ),
     ]
 
 
@@ -230,22 +273,41 @@ def build_plan(
     archive = out_dir / "archive" / "elite_archive.parquet" if any(a.comparison == "elite" for a in all_arms) else None
     search = None
     if archive is not None and any(a.name != "grpo" for a in all_arms if a.comparison == "elite"):
-        search_env = {**_common_env(profile, "elite", python), "STAGES": "search", "ARCHIVE": str(archive), "STRATEGY": "elite",
-                      "OUTPUT_DIR": str(out_dir / "archive"), "RUN_DIR": str(out_dir / "archive" / "unused_run")}
-        search = RunSpec(Arm("elite", "search", "archive search", "elite_replay_qwen4b.sh"), 0,
-                         out_dir / "archive", out_dir / "logs" / "elite-search.log", search_env,
-                         ["bash", str(recipes_dir / "elite_replay_qwen4b.sh")])
+        search_env = {
+            **_common_env(profile, "elite", python),
+            "STAGES": "search",
+            "ARCHIVE": str(archive),
+            "STRATEGY": "elite",
+            "OUTPUT_DIR": str(out_dir / "archive"),
+            "RUN_DIR": str(out_dir / "archive" / "unused_run"),
+        }
+        search = RunSpec(
+            Arm("elite", "search", "archive search", "elite_replay_qwen4b.sh"),
+            0,
+            out_dir / "archive",
+            out_dir / "logs" / "elite-search.log",
+            search_env,
+            ["bash", str(recipes_dir / "elite_replay_qwen4b.sh")],
+        )
     runs = []
-    for arm, seed in ((arm, seed) for comparison in COMPARISONS for seed in seeds
-                      for arm in all_arms if arm.comparison == comparison):
+    for arm, seed in (
+        (arm, seed) for comparison in COMPARISONS for seed in seeds for arm in all_arms if arm.comparison == comparison
+    ):
         run_dir = out_dir / "runs" / arm.comparison / arm.name / f"seed{seed}"
-        env = {**_common_env(profile, arm.comparison, python), **arm.env, "OUTPUT_DIR": str(run_dir.parent), "RUN_DIR": str(run_dir)}
+        env = {
+            **_common_env(profile, arm.comparison, python),
+            **arm.env,
+            "OUTPUT_DIR": str(run_dir.parent),
+            "RUN_DIR": str(run_dir),
+        }
         # verl's validation at step 0 too (the curves' start)
         overrides = [f"data.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}", "trainer.val_before_train=true"]
         if arm.comparison == "elite":
             # the SQL recipe validates greedily; sampled like the math recipe, for Mean@n / Best@n
-            overrides += ["actor_rollout_ref.rollout.val_kwargs.do_sample=True",
-                          "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"]
+            overrides += [
+                "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+                "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+            ]
             env["STAGES"] = "train,eval"
             env["EVAL_N"] = str(profile.eval_n)
             env["EVAL_K"] = profile.eval_k
@@ -256,6 +318,14 @@ def build_plan(
                 env["ELITE_SEED"] = str(seed)
         else:
             env["STAGES"] = "train,eval" if profile.math_eval else "train"
-        runs.append(RunSpec(arm, seed, run_dir, out_dir / "logs" / f"{arm.comparison}-{arm.name}-seed{seed}.log",
-                            env, ["bash", str(recipes_dir / arm.recipe), *overrides]))
+        runs.append(
+            RunSpec(
+                arm,
+                seed,
+                run_dir,
+                out_dir / "logs" / f"{arm.comparison}-{arm.name}-seed{seed}.log",
+                env,
+                ["bash", str(recipes_dir / arm.recipe), *overrides],
+            )
+        )
     return Plan(profile=profile, tau=tau, out_dir=out_dir, archive=archive, search=search, runs=runs)

@@ -94,7 +94,9 @@ def _kmax(results: Sequence[Mapping[str, Any]]) -> Optional[int]:
     return max(ks) if ks else None
 
 
-def aggregate(comparison: str, arms: Sequence[Mapping[str, Any]], runs: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, Any]:
+def aggregate(
+    comparison: str, arms: Sequence[Mapping[str, Any]], runs: Mapping[str, Mapping[int, Mapping[str, Any]]]
+) -> dict[str, Any]:
     """One comparison: per arm the per-seed results, mean / std / n per column, the validation
     curves' mean / std per step, and the noise verdict against the first arm."""
     columns = _HD_COLUMNS if comparison == "headroom_drift" else _ELITE_COLUMNS
@@ -112,33 +114,48 @@ def aggregate(comparison: str, arms: Sequence[Mapping[str, Any]], runs: Mapping[
                 key = key.format(kmax=kmax)
             mean, std, n = mean_std([v for v in (_value(r, key) for r in results) if v is not None])
             summary[key] = {"mean": mean, "std": std, "n": n}
-        out_arms.append({
-            **dict(arm),
-            "seeds": sorted(seeds),
-            "summary": summary,
-            "curve_mean": _curve_stats([r["val_curve"] for r in results], "mean"),
-            "curve_best": _curve_stats([r["val_curve"] for r in results], "best"),
-            "runs": {str(s): dict(seeds[s]) for s in sorted(seeds)},
-        })
+        out_arms.append(
+            {
+                **dict(arm),
+                "seeds": sorted(seeds),
+                "summary": summary,
+                "curve_mean": _curve_stats([r["val_curve"] for r in results], "mean"),
+                "curve_best": _curve_stats([r["val_curve"] for r in results], "best"),
+                "runs": {str(s): dict(seeds[s]) for s in sorted(seeds)},
+            }
+        )
     if out_arms:
         ref = out_arms[0]
         for arm in out_arms:
-            arm["vs_reference"] = {key: noise_verdict(arm["summary"][key], ref["summary"][key])
-                                   for key in ("final_mean", "final_best") if key in arm["summary"]}
+            arm["vs_reference"] = {
+                key: noise_verdict(arm["summary"][key], ref["summary"][key])
+                for key in ("final_mean", "final_best")
+                if key in arm["summary"]
+            }
             if kmax is not None and f"eval:pass@{kmax}" in arm["summary"]:
                 for key in ("eval:pass@1", f"eval:pass@{kmax}", "eval:distinct_strategies"):
                     arm["vs_reference"][key] = noise_verdict(arm["summary"][key], ref["summary"][key])
     val_ns = {int(r["val_n"]) for r in all_results}
-    return {"comparison": comparison, "reference_arm": out_arms[0]["name"] if out_arms else None,
-            "val_n": val_ns.pop() if len(val_ns) == 1 else None, "pass_k_max": kmax, "arms": out_arms}
+    return {
+        "comparison": comparison,
+        "reference_arm": out_arms[0]["name"] if out_arms else None,
+        "val_n": val_ns.pop() if len(val_ns) == 1 else None,
+        "pass_k_max": kmax,
+        "arms": out_arms,
+    }
 
 
 def _fmt(stat: Mapping[str, Any], kind: str) -> str:
     mean, std = stat.get("mean"), stat.get("std")
     if mean is None:
         return "–"
-    scale, spec = {"pct": (100.0, ".1f"), "int": (1.0, ".0f"), "sec": (1.0, ".2f"),
-                   "num": (1.0, ".2f"), "sci": (1.0, ".2e")}[kind]
+    scale, spec = {
+        "pct": (100.0, ".1f"),
+        "int": (1.0, ".0f"),
+        "sec": (1.0, ".2f"),
+        "num": (1.0, ".2f"),
+        "sci": (1.0, ".2e"),
+    }[kind]
     text = format(mean * scale, spec)
     if std is not None:
         text += " ± " + format(std * scale, spec)
@@ -166,8 +183,9 @@ def format_table(comp: Mapping[str, Any]) -> str:
         lines.append("")
         lines.append(f"Against {ref['label']} (difference vs 2 standard errors over seeds):")
         for arm in comp["arms"][1:]:
-            verdicts = ", ".join(f"{dict((k, t) for k, t, _ in cols).get(k, k)}: {v}"
-                                 for k, v in arm.get("vs_reference", {}).items())
+            verdicts = ", ".join(
+                f"{dict((k, t) for k, t, _ in cols).get(k, k)}: {v}" for k, v in arm.get("vs_reference", {}).items()
+            )
             lines.append(f"- {arm['label']}: {verdicts}")
     return "\n".join(lines) + "\n"
 
@@ -193,7 +211,7 @@ def plot_curves(comparisons: Sequence[Mapping[str, Any]], path: Path) -> Path:
                     continue
                 xs = [p["step"] for p in pts]
                 ys = [100.0 * p["mean"] for p in pts]
-                line, = ax.plot(xs, ys, marker="o", label=f"{arm['label']} ({len(arm['seeds'])} seeds)")
+                (line,) = ax.plot(xs, ys, marker="o", label=f"{arm['label']} ({len(arm['seeds'])} seeds)")
                 lo = [100.0 * (p["mean"] - (p["std"] or 0.0)) for p in pts]
                 hi = [100.0 * (p["mean"] + (p["std"] or 0.0)) for p in pts]
                 ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
@@ -221,11 +239,15 @@ def write_outputs(out_dir: Path, document: Mapping[str, Any]) -> dict[str, Path]
     out_dir = Path(out_dir)
     tables = [f"## {comp['comparison']}\n\n" + format_table(comp) for comp in document["comparisons"]]
     steps = document.get("steps") or {}
-    shown = ", ".join(f"{c['comparison']} {steps[c['comparison']]}" for c in document["comparisons"] if c["comparison"] in steps)
-    header = (f"# Strategy comparison ({document['profile']} profile)\n\n"
-              f"Mean ± std over seeds; final = the last validation, at the last step (global steps: {shown}). "
-              "Mean@n / Best@n: verl's val-core metrics (Best@n: mean of bootstrapped best-of-n). "
-              "fresh responses: per run, over all steps. s / step: timing_s/step averaged over steps.\n\n")
+    shown = ", ".join(
+        f"{c['comparison']} {steps[c['comparison']]}" for c in document["comparisons"] if c["comparison"] in steps
+    )
+    header = (
+        f"# Strategy comparison ({document['profile']} profile)\n\n"
+        f"Mean ± std over seeds; final = the last validation, at the last step (global steps: {shown}). "
+        "Mean@n / Best@n: verl's val-core metrics (Best@n: mean of bootstrapped best-of-n). "
+        "fresh responses: per run, over all steps. s / step: timing_s/step averaged over steps.\n\n"
+    )
     paths = {
         "json": atomic_write_text(out_dir / "comparison.json", json.dumps(document, indent=2, sort_keys=True) + "\n"),
         "table": atomic_write_text(out_dir / "table.md", header + "\n".join(tables)),

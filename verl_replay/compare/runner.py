@@ -45,8 +45,13 @@ def run_spec(spec: RunSpec, *, done_path: Optional[Path] = None) -> dict[str, An
         log.flush()
         proc = subprocess.run(spec.argv, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
     wall = time.monotonic() - start
-    record = {"key": spec.key, "command": spec.shell(), "returncode": proc.returncode, "wall_s": wall,
-              "log": str(spec.log_path)}
+    record = {
+        "key": spec.key,
+        "command": spec.shell(),
+        "returncode": proc.returncode,
+        "wall_s": wall,
+        "log": str(spec.log_path),
+    }
     if proc.returncode == 0:
         atomic_write_text(done_path or spec.run_dir / DONE_FILE, json.dumps(record, indent=2) + "\n")
     return record
@@ -56,8 +61,9 @@ def _print(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def run_plan(plan: Plan, *, say: Callable[[str], None] = _print,
-             time_budget_s: Optional[float] = None) -> dict[str, dict[str, Any]]:
+def run_plan(
+    plan: Plan, *, say: Callable[[str], None] = _print, time_budget_s: Optional[float] = None
+) -> dict[str, dict[str, Any]]:
     """Every run of the plan (the archive search first), skipping finished ones. Returns the
     records by run key; failed runs are recorded and the rest still run. With a time budget, a
     run is not started when the time spent plus the mean wall time of this session's runs so far
@@ -88,15 +94,27 @@ def run_plan(plan: Plan, *, say: Callable[[str], None] = _print,
         if spec.arm.comparison == "elite" and spec.arm.name != "grpo":
             search = records.get("elite/search")
             if search is None or search["returncode"] != 0:
-                records[spec.key] = {"key": spec.key, "command": spec.shell(), "returncode": None,
-                                     "wall_s": 0.0, "log": None, "skipped": "no archive"}
+                records[spec.key] = {
+                    "key": spec.key,
+                    "command": spec.shell(),
+                    "returncode": None,
+                    "wall_s": 0.0,
+                    "log": None,
+                    "skipped": "no archive",
+                }
                 say(f"[compare] {index}/{total} {spec.key}: skipped (no archive)")
                 continue
         if time_budget_s is not None and walls:
             expected = time.monotonic() - start + sum(walls) / len(walls)
             if expected > time_budget_s:
-                records[spec.key] = {"key": spec.key, "command": spec.shell(), "returncode": None,
-                                     "wall_s": 0.0, "log": None, "skipped": "time budget"}
+                records[spec.key] = {
+                    "key": spec.key,
+                    "command": spec.shell(),
+                    "returncode": None,
+                    "wall_s": 0.0,
+                    "log": None,
+                    "skipped": "time budget",
+                }
                 say(f"[compare] {index}/{total} {spec.key}: not started (time budget {time_budget_s:.0f}s)")
                 continue
         say(f"[compare] {index}/{total} {spec.key} ... (log {spec.log_path})")

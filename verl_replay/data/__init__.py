@@ -5,7 +5,6 @@ Names resolve lazily so that ``import verl_replay.data`` stays cheap (no torch/t
 
 from __future__ import annotations
 
-
 from verl_replay._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {

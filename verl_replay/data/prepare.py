@@ -227,9 +227,17 @@ def prepare_bird(
 ) -> list[PreparedFile]:
     from verl_replay.data.bird import load_bird
 
-    return _prepare_sql_benchmark("bird", load_bird, input_dir, output_dir, split=split, limit=limit,
-                                  databases_dir=databases_dir, with_sample_rows=with_sample_rows,
-                                  system_prompt=system_prompt)
+    return _prepare_sql_benchmark(
+        "bird",
+        load_bird,
+        input_dir,
+        output_dir,
+        split=split,
+        limit=limit,
+        databases_dir=databases_dir,
+        with_sample_rows=with_sample_rows,
+        system_prompt=system_prompt,
+    )
 
 
 def prepare_spider(
@@ -244,9 +252,17 @@ def prepare_spider(
 ) -> list[PreparedFile]:
     from verl_replay.data.spider import load_spider
 
-    return _prepare_sql_benchmark("spider", load_spider, input_dir, output_dir, split=split, limit=limit,
-                                  databases_dir=databases_dir, with_sample_rows=with_sample_rows,
-                                  system_prompt=system_prompt)
+    return _prepare_sql_benchmark(
+        "spider",
+        load_spider,
+        input_dir,
+        output_dir,
+        split=split,
+        limit=limit,
+        databases_dir=databases_dir,
+        with_sample_rows=with_sample_rows,
+        system_prompt=system_prompt,
+    )
 
 
 def prepare_ambiqt(

@@ -173,9 +173,7 @@ def _resolve_warm_start(warm_start_steps: Mapping[str, int] | None) -> dict[str,
     return steps
 
 
-def is_complete(
-    root: Path, *, seed: int, model_arch: str, warm_start_steps: Mapping[str, int] | None = None
-) -> bool:
+def is_complete(root: Path, *, seed: int, model_arch: str, warm_start_steps: Mapping[str, int] | None = None) -> bool:
     """True iff ``root`` holds a finished build for this version/seed/arch/warm start with intact files."""
     try:
         manifest = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))

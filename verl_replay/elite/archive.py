@@ -131,7 +131,7 @@ class Question:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Question":
+    def from_dict(cls, d: Mapping[str, Any]) -> Question:
         return cls(id=d["id"], prompt=d["prompt"], ground_truth=d["ground_truth"], metadata=d["metadata"])
 
 
@@ -211,7 +211,7 @@ class Elite:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Elite":
+    def from_dict(cls, d: Mapping[str, Any]) -> Elite:
         return cls(
             question_id=d["question_id"],
             cell=_as_cell(d["cell"]),  # type: ignore[arg-type]
@@ -248,7 +248,13 @@ class InsertResult:
 
 
 _COUNT_FIELDS = (
-    "attempts", "truncated", "parse_failures", "verification_failures", "approach_misses", "not_added", "new",
+    "attempts",
+    "truncated",
+    "parse_failures",
+    "verification_failures",
+    "approach_misses",
+    "not_added",
+    "new",
     "improved",
 )
 
@@ -292,7 +298,7 @@ class Counts:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, int]) -> "Counts":
+    def from_dict(cls, d: Mapping[str, int]) -> Counts:
         return cls(**{name: int(d[name]) for name in _COUNT_FIELDS})
 
 
@@ -437,7 +443,8 @@ class EliteArchive:
         text = candidate.text
         if candidate.truncated:
             return InsertResult(
-                InsertStatus.TRUNCATED, None,
+                InsertStatus.TRUNCATED,
+                None,
                 f"the generation did not finish (finish_reason={candidate.finish_reason!r}); a cut-off answer is never "
                 "inserted",
             )
@@ -454,7 +461,9 @@ class EliteArchive:
         except ValueError as exc:
             return InsertResult(InsertStatus.PARSE_FAILED, None, f"describer could not parse the solution: {exc}")
         if described is None:
-            return InsertResult(InsertStatus.PARSE_FAILED, None, "describer could not parse the solution (returned None)")
+            return InsertResult(
+                InsertStatus.PARSE_FAILED, None, "describer could not parse the solution (returned None)"
+            )
         cell = _as_cell(described)
         assert cell is not None
         if cell.approach not in self._vocab_set:
@@ -584,7 +593,7 @@ class EliteArchive:
 
     # ------------------------------------------------------------------ freeze / state
 
-    def freeze(self, manifest: Mapping[str, Any] | None = None) -> "FrozenArchive":
+    def freeze(self, manifest: Mapping[str, Any] | None = None) -> FrozenArchive:
         """An immutable snapshot of the elites (with their questions) for training."""
         entries = []
         for elite in self.elites():
@@ -625,7 +634,8 @@ class EliteArchive:
             )
         if tuple(state["approaches"]) != self._approaches:
             raise ValueError(
-                f"state was saved with approaches {list(state['approaches'])}, this archive has {list(self._approaches)}"
+                f"state was saved with approaches {list(state['approaches'])}, "
+                f"this archive has {list(self._approaches)}"
             )
         questions = [Question.from_dict(d) for d in state["questions"]]
         elites = [Elite.from_dict(d) for d in state["elites"]]
@@ -715,7 +725,7 @@ class FrozenEntry:
         return hash((self.question_id, self.approach, self.descriptor, self.text))
 
     @classmethod
-    def from_elite(cls, elite: Elite, question: Question) -> "FrozenEntry":
+    def from_elite(cls, elite: Elite, question: Question) -> FrozenEntry:
         if elite.question_id != question.id:
             raise ValueError(f"elite is for question {elite.question_id!r}, not {question.id!r}")
         return cls(

@@ -234,7 +234,9 @@ def save_frozen_archive(
     man = dict(manifest)
     missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in man]
     if missing:
-        raise ValueError(f"save_frozen_archive: manifest is missing {missing} (required: {list(REQUIRED_MANIFEST_KEYS)})")
+        raise ValueError(
+            f"save_frozen_archive: manifest is missing {missing} (required: {list(REQUIRED_MANIFEST_KEYS)})"
+        )
     reserved = sorted(set(man) & set(WRITER_MANIFEST_KEYS))
     if reserved:
         raise ValueError(f"save_frozen_archive: manifest keys {reserved} are computed by the writer; remove them")
@@ -358,7 +360,8 @@ def load_frozen_archive(
         )
     if man.get("num_entries") == 0 and not allow_empty:
         raise EmptyArchiveError(
-            f"{path}: the frozen archive has no entries; replay needs at least one (pass allow_empty=True to inspect it)"
+            f"{path}: the frozen archive has no entries; replay needs at least one "
+            "(pass allow_empty=True to inspect it)"
         )
 
     try:
@@ -404,6 +407,7 @@ def load_frozen_archive(
 def manifest_dict(archive: FrozenArchive) -> dict[str, Any]:
     """A fresh mutable copy of ``archive.manifest``."""
     return thaw_json(archive.manifest)
+
 
 def hf_tokenizer_fingerprint(tokenizer: Any) -> str:
     """:func:`~verl_replay.elite.archive_io.tokenizer_fingerprint` of a Hugging Face tokenizer.

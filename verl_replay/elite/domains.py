@@ -46,8 +46,8 @@ from typing import Any
 from verl_replay.elite.archive import Question
 from verl_replay.elite.archive_io import hf_tokenizer_fingerprint, tokenizer_fingerprint  # noqa: F401  (re-exported)
 from verl_replay.sql.vocabulary import Vocabulary, VocabularyError
-from verl_replay.verifiers.extract import extract_math_answer, extract_sql, strip_think
 from verl_replay.verifiers.compare import SEMANTICS
+from verl_replay.verifiers.extract import extract_math_answer, extract_sql, strip_think
 from verl_replay.verifiers.math import MathVerification, verify_math
 from verl_replay.verifiers.sql import KILL_GRACE_S, SQLVerification, sql_failure, verify_sql
 
@@ -94,8 +94,6 @@ class TokenCounter:
 
     def __call__(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
 
 
 # ============================================================================ verification tasks
@@ -185,8 +183,14 @@ class Domain(abc.ABC):
     #: pool initializer (picklable top-level callable) or None
     initializer: Callable[[], None] | None = None
 
-    def __init__(self, vocabulary: Vocabulary, labeler: Any, token_counter: Callable[[str], int], *,
-                 verify_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        vocabulary: Vocabulary,
+        labeler: Any,
+        token_counter: Callable[[str], int],
+        *,
+        verify_timeout_s: float = 5.0,
+    ) -> None:
         if vocabulary.domain != self.name:
             raise VocabularyError(
                 f"the approach vocabulary is for domain {vocabulary.domain!r}, but the data is {self.name!r}; "
@@ -520,7 +524,9 @@ class PooledVerifier:
     def _start(self, question: Question, fn: Callable[..., Any], args: tuple[Any, ...]) -> Future | Any:
         if self.pool is None:
             return fn(*args)
-        return self.pool.submit(fn, *args, timeout_s=self.domain.hard_timeout_s(question), on_failure=self.domain.failure)
+        return self.pool.submit(
+            fn, *args, timeout_s=self.domain.hard_timeout_s(question), on_failure=self.domain.failure
+        )
 
     def prefetch(self, pairs: Sequence[tuple[Question, str]]) -> None:
         """Start verifying every ``(question, text)`` not already cached (duplicates once)."""
@@ -581,7 +587,7 @@ class CachedDescriber:
             if item not in self._labels and item not in inputs:
                 inputs.append(item)
         if inputs:
-            for item, label in zip(inputs, self.domain.labeler.label_batch(inputs)):
+            for item, label in zip(inputs, self.domain.labeler.label_batch(inputs), strict=True):
                 self._labels[item] = label
 
     def __call__(self, question: Question, text: str) -> tuple[str, str]:

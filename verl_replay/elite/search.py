@@ -230,13 +230,24 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
-def dataset_identity(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]], *, limit: int | None,
-                     num_rows: int, sha256: str | None = None) -> dict[str, Any]:
+def dataset_identity(
+    path: str | os.PathLike[str],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    limit: int | None,
+    num_rows: int,
+    sha256: str | None = None,
+) -> dict[str, Any]:
     """What the manifest records about the data: path, sha256 of the file, rows used, splits
     and data sources of the used rows (training can compare it with ``expected_dataset``)."""
     p = Path(path)
-    splits = sorted({str(r["extra_info"].get("split")) for r in rows
-                     if isinstance(r.get("extra_info"), Mapping) and r["extra_info"].get("split") is not None})
+    splits = sorted(
+        {
+            str(r["extra_info"].get("split"))
+            for r in rows
+            if isinstance(r.get("extra_info"), Mapping) and r["extra_info"].get("split") is not None
+        }
+    )
     sources = sorted({str(r.get("data_source")) for r in rows if r.get("data_source") is not None})
     return {
         "path": str(p.resolve()),
@@ -391,8 +402,10 @@ class _Run:
     def round_requests(self, round_index: int) -> tuple[list[_Request], int]:
         """Prompts of one round and the number of samples per prompt."""
         if round_index == 0:
-            return [_Request(q, list(q.prompt) if not isinstance(q.prompt, str) else q.prompt, None, None)
-                    for q in self.questions], self.config.seeds_per_question
+            return [
+                _Request(q, list(q.prompt) if not isinstance(q.prompt, str) else q.prompt, None, None)
+                for q in self.questions
+            ], self.config.seeds_per_question
         per_question = self.schedule[round_index - 1]
         requests = []
         vocab = self.domain.vocabulary
@@ -438,14 +451,28 @@ class _Run:
             if len(outputs) != len(chunk) or any(len(samples) != n for samples in outputs):
                 raise RuntimeError(f"the generation backend returned {len(outputs)} prompts' samples for {len(chunk)}")
             candidates = []
-            for request, samples in zip(chunk, outputs):
+            for request, samples in zip(chunk, outputs, strict=True):
                 for j, gen in enumerate(samples):
-                    meta = {"kind": kind, "round": round_index, "sample": j, "finish_reason": gen.finish_reason,
-                            "generated_tokens": gen.num_tokens}
-                    candidates.append((request.question, Candidate(
-                        question_id=request.question.id, text=gen.text, requested_approach=request.requested,
-                        parent=request.parent, metadata=meta, finish_reason=gen.finish_reason,
-                    )))
+                    meta = {
+                        "kind": kind,
+                        "round": round_index,
+                        "sample": j,
+                        "finish_reason": gen.finish_reason,
+                        "generated_tokens": gen.num_tokens,
+                    }
+                    candidates.append(
+                        (
+                            request.question,
+                            Candidate(
+                                question_id=request.question.id,
+                                text=gen.text,
+                                requested_approach=request.requested,
+                                parent=request.parent,
+                                metadata=meta,
+                                finish_reason=gen.finish_reason,
+                            ),
+                        )
+                    )
             self.generated += len(candidates)
             # verification of this batch runs in the pool while the previous one is inserted
             # and the next one generated
@@ -524,13 +551,22 @@ def _make_backend(config: SearchConfig) -> Any:
         if not Path(config.model).exists():
             raise SearchError(f"--model {config.model}: directory not found (the hf backend loads a local model)")
         return make_backend(
-            "hf", model_path=config.model, device=config.device, dtype=config.dtype or "float32",
-            batch_size=config.batch_size, chat_template_kwargs=dict(config.chat_template_kwargs or {}),
+            "hf",
+            model_path=config.model,
+            device=config.device,
+            dtype=config.dtype or "float32",
+            batch_size=config.batch_size,
+            chat_template_kwargs=dict(config.chat_template_kwargs or {}),
         )
     return make_backend(
-        "vllm", model_path=config.model, tensor_parallel_size=config.tensor_parallel_size,
-        gpu_memory_utilization=config.gpu_memory_utilization, max_model_len=config.max_model_len,
-        seed=config.seed, dtype=config.dtype or "auto", chat_template_kwargs=dict(config.chat_template_kwargs or {}),
+        "vllm",
+        model_path=config.model,
+        tensor_parallel_size=config.tensor_parallel_size,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_model_len=config.max_model_len,
+        seed=config.seed,
+        dtype=config.dtype or "auto",
+        chat_template_kwargs=dict(config.chat_template_kwargs or {}),
     )
 
 
@@ -587,8 +623,13 @@ def run_search(config: SearchConfig, backend: Any = None) -> SearchSummary:
     _check_frozen(backend)
     tokenizer = backend.tokenizer
     domain = make_domain(
-        domain_name, vocabulary=vocabulary, labeler=config.labeler, token_counter=TokenCounter(tokenizer),
-        backend=backend, verify_timeout_s=config.verify_timeout_s, seed=config.seed,
+        domain_name,
+        vocabulary=vocabulary,
+        labeler=config.labeler,
+        token_counter=TokenCounter(tokenizer),
+        backend=backend,
+        verify_timeout_s=config.verify_timeout_s,
+        seed=config.seed,
     )
     questions, dataset = load_questions(data_path, domain, limit=config.limit, rows=all_rows)
     fingerprint = hf_tokenizer_fingerprint(tokenizer)
@@ -625,8 +666,15 @@ def run_search(config: SearchConfig, backend: Any = None) -> SearchSummary:
     n_q = len(questions)
     planned = n_q * (config.seeds_per_question + config.mutations_per_question)
     done = run.archive.counts()["totals"]["attempts"]
-    bar = tqdm(total=planned, initial=done, desc="elite search", unit="cand", file=sys.stderr,
-               disable=not config.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=planned,
+        initial=done,
+        desc="elite search",
+        unit="cand",
+        file=sys.stderr,
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
     stopped_early = False
     try:
         for round_index in range(run.next_round, config.rounds + 1):
@@ -672,7 +720,9 @@ def run_search(config: SearchConfig, backend: Any = None) -> SearchSummary:
     )
 
 
-def _manifest(config: SearchConfig, run: _Run, dataset: dict[str, Any], stats: dict[str, Any], backend: Any) -> dict[str, Any]:
+def _manifest(
+    config: SearchConfig, run: _Run, dataset: dict[str, Any], stats: dict[str, Any], backend: Any
+) -> dict[str, Any]:
     tokenizer = backend.tokenizer
     vocab = run.domain.vocabulary
     model = Path(config.model)
@@ -710,11 +760,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m verl_replay.elite.search",
         description="MAP-Elites search with a frozen base model; writes the frozen EliteReplay archive.",
     )
-    p.add_argument("--tiny", action="store_true",
-                   help="the tiny EliteReplay run's archive: tiny SQL data and model, a small budget "
-                        "(flags given as well still win)")
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="the tiny EliteReplay run's archive: tiny SQL data and model, a small budget "
+        "(flags given as well still win)",
+    )
     p.add_argument("--data", default=None, help="verl RL parquet of training questions (required without --tiny)")
-    p.add_argument("--model", default=None, help="frozen base model (directory; hub id for vllm; required without --tiny)")
+    p.add_argument(
+        "--model", default=None, help="frozen base model (directory; hub id for vllm; required without --tiny)"
+    )
     p.add_argument("--out", required=True, help="archive file ARCHIVE.parquet (manifest and state go next to it)")
     p.add_argument("--backend", default="hf", choices=BACKEND_CHOICES, help="hf (CPU/tests) or vllm (GPU)")
     p.add_argument("--domain", default="auto", choices=("auto", *DOMAINS), help="default: from the data's ability")
@@ -733,23 +788,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-timeout-s", type=float, default=5.0)
     p.add_argument("--resume", action="store_true", help="continue from ARCHIVE.parquet.search_state")
     p.add_argument("--overwrite", action="store_true", help="start over even if a search state exists")
-    p.add_argument("--stop-after-round", type=int, default=None,
-                   help="stop (resumably) after this round; 0 = the seed round")
+    p.add_argument(
+        "--stop-after-round", type=int, default=None, help="stop (resumably) after this round; 0 = the seed round"
+    )
     p.add_argument("--device", default="cpu", help="hf backend: torch device")
     p.add_argument("--dtype", default=None, help="model dtype (hf default float32, vllm default auto)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm only")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm only")
     p.add_argument("--max-model-len", type=int, default=None, help="vllm only")
-    p.add_argument("--chat-template-kwargs", type=json.loads, default=None,
-                   help='JSON for the chat template, e.g. \'{"enable_thinking": false}\'')
+    p.add_argument(
+        "--chat-template-kwargs",
+        type=json.loads,
+        default=None,
+        help="JSON for the chat template, e.g. '{\"enable_thinking\": false}'",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return p
 
 
 # The archive for `python -m verl_replay.main tiny_task=sql replay.strategy=elite`: its data and
 # frozen model, 16 questions, 8 seeds and 2 mutations each in one round (a few minutes on CPU).
-TINY_SEARCH = {"domain": "sql", "limit": 16, "seeds_per_question": 8, "mutations_per_question": 2,
-               "rounds": 1, "max_new_tokens": 96}
+TINY_SEARCH = {
+    "domain": "sql",
+    "limit": 16,
+    "seeds_per_question": 8,
+    "mutations_per_question": 2,
+    "rounds": 1,
+    "max_new_tokens": 96,
+}
 
 
 def tiny_search_defaults() -> dict[str, Any]:

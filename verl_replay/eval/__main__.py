@@ -37,12 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Sample k responses per question, verify them, report pass@k, Mean@n/Best@n, "
         "distinct SQL strategies and AmbiQT coverage.",
     )
-    p.add_argument("--data", action="append", required=True,
-                   help="RL parquet file(s); comma-separated and/or repeated")
+    p.add_argument("--data", action="append", required=True, help="RL parquet file(s); comma-separated and/or repeated")
     p.add_argument("--model", required=True, help="model directory (or hub id for vLLM/HF caches)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--backend", default="hf", choices=["hf", "transformers", "vllm"],
-                   help="hf: transformers generate (CPU); vllm: GPU (default: hf)")
+    p.add_argument(
+        "--backend",
+        default="hf",
+        choices=["hf", "transformers", "vllm"],
+        help="hf: transformers generate (CPU); vllm: GPU (default: hf)",
+    )
     p.add_argument("--n", type=int, default=32, help="samples per question (default: 32)")
     p.add_argument("--k", type=_int_list, default=[1, 8, 32], help="pass@k values, e.g. 1,8,32 (k > n is skipped)")
     p.add_argument("--temperature", type=float, default=1.0)
@@ -56,13 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="hf only: sequences per generate call")
     p.add_argument("--verify-workers", type=int, default=2, help="verifier processes")
     p.add_argument("--verify-timeout-s", type=float, default=5.0, help="deadline per SQL query / math check")
-    p.add_argument("--benchmark-key", default="auto",
-                   help="group rows by: auto (math: extra_info.benchmark, else data_source), "
-                   "data_source, or extra_info.<field>")
-    p.add_argument("--chunk-questions", type=int, default=256,
-                   help="questions per generate call and per committed chunk of samples.jsonl (default: 256)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="start over in --out instead of resuming the evaluation found there")
+    p.add_argument(
+        "--benchmark-key",
+        default="auto",
+        help="group rows by: auto (math: extra_info.benchmark, else data_source), data_source, or extra_info.<field>",
+    )
+    p.add_argument(
+        "--chunk-questions",
+        type=int,
+        default=256,
+        help="questions per generate call and per committed chunk of samples.jsonl (default: 256)",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="start over in --out instead of resuming the evaluation found there"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (the per-chunk log lines stay)")
     p.add_argument("--quiet", action="store_true", help="log warnings only")
     return p

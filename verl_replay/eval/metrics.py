@@ -130,9 +130,7 @@ def weighted_average(per_benchmark: Mapping[str, float], sizes: Mapping[str, int
     """Mean over benchmarks weighted by their number of questions (``sizes``, same keys)."""
     scores = _finite_scores(per_benchmark, "weighted_average")
     if set(sizes) != set(scores):
-        raise ValueError(
-            f"weighted_average: sizes keys {sorted(sizes)} differ from benchmark keys {sorted(scores)}"
-        )
+        raise ValueError(f"weighted_average: sizes keys {sorted(sizes)} differ from benchmark keys {sorted(scores)}")
     weights = {b: _count(sizes[b], f"sizes[{b!r}]") for b in scores}
     if any(w == 0 for w in weights.values()):
         raise ValueError(f"weighted_average: every benchmark size must be >= 1, got {weights}")
@@ -156,7 +154,7 @@ def distinct_correct_strategies(
         raise ValueError(f"distinct_correct_strategies: {len(samples)} samples but {len(correct)} correctness flags")
     flags = _rows([list(correct)], "correct")[0] if len(correct) else np.zeros(0, dtype=np.bool_)
     found: set[str] = set()
-    for s, ok in zip(samples, flags):
+    for s, ok in zip(samples, flags, strict=True):
         if not ok:
             continue
         key = skeleton(s) if skeleton is not None else s
@@ -178,7 +176,7 @@ def ambiqt_coverage(matches_interp1: Any, matches_interp2: Any) -> float:
     r2 = _rows(matches_interp2, "matches_interp2")
     if len(r1) != len(r2):
         raise ValueError(f"ambiqt_coverage: {len(r1)} vs {len(r2)} questions")
-    for i, (a, b) in enumerate(zip(r1, r2)):
+    for i, (a, b) in enumerate(zip(r1, r2, strict=True)):
         if a.size != b.size:
             raise ValueError(f"ambiqt_coverage: question {i} has {a.size} vs {b.size} samples")
-    return float(np.mean([bool(a.any() and b.any()) for a, b in zip(r1, r2)]))
+    return float(np.mean([bool(a.any() and b.any()) for a, b in zip(r1, r2, strict=True)]))

@@ -205,8 +205,7 @@ def format_table(doc: Mapping[str, Any]) -> str:
     for name, b in benchmarks.items():
         values = b["metrics"]
         rows.append(
-            [name, b["task"], str(b["num_questions"]), str(b["n"])]
-            + [fmt(values.get(key)) for key, _, fmt in columns]
+            [name, b["task"], str(b["num_questions"]), str(b["n"])] + [fmt(values.get(key)) for key, _, fmt in columns]
         )
     total = sum(int(b["num_questions"]) for b in benchmarks.values())
     averages = doc["averages"]
@@ -221,10 +220,17 @@ def format_table(doc: Mapping[str, Any]) -> str:
         padded = [c.ljust(widths[i]) if i in left else c.rjust(widths[i]) for i, c in enumerate(cells)]
         return "| " + " | ".join(padded) + " |"
 
-    rule = "|" + "|".join(
-        ("-" * (widths[i] + 2)) if i in left else ("-" * (widths[i] + 1) + ":") for i in range(len(header))
-    ) + "|"
-    notes = ["", "pass@k, Mean@n, Best@n" + (", AmbiQT cov" if has_ambiqt else "") + ": % of questions (pass@k: unbiased estimator)."]
+    rule = (
+        "|"
+        + "|".join(("-" * (widths[i] + 2)) if i in left else ("-" * (widths[i] + 1) + ":") for i in range(len(header)))
+        + "|"
+    )
+    notes = [
+        "",
+        "pass@k, Mean@n, Best@n"
+        + (", AmbiQT cov" if has_ambiqt else "")
+        + ": % of questions (pass@k: unbiased estimator).",
+    ]
     if has_sql:
         notes.append("strategies: mean number of distinct correct SQL skeletons per question.")
     if doc.get("k_skipped"):

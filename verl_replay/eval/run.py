@@ -146,7 +146,14 @@ class EvalConfig:
         if str(self.backend).lower() not in BACKEND_CHOICES:
             raise ValueError(f"backend must be one of {BACKEND_CHOICES}, got {self.backend!r}")
         object.__setattr__(self, "backend", str(self.backend).lower())
-        for name in ("n", "max_new_tokens", "tensor_parallel_size", "hf_batch_size", "verify_workers", "chunk_questions"):
+        for name in (
+            "n",
+            "max_new_tokens",
+            "tensor_parallel_size",
+            "hf_batch_size",
+            "verify_workers",
+            "chunk_questions",
+        ):
             _positive_int(getattr(self, name), name)
         _positive_int(self.limit, "limit", allow_none=True)
         _positive_int(self.max_model_len, "max_model_len", allow_none=True)
@@ -471,12 +478,14 @@ class _Verifier:
             on_failure=_failure,
         )
 
-    def submit(self, questions: Sequence[Question], texts: Sequence[Sequence[str]]) -> dict[tuple[int, int, str], Future]:
+    def submit(
+        self, questions: Sequence[Question], texts: Sequence[Sequence[str]]
+    ) -> dict[tuple[int, int, str], Future]:
         """Queue every distinct (question, gold, text) of a chunk; returns the futures by key."""
         if len(texts) != len(questions):
             raise ValueError(f"{len(texts)} sample lists for {len(questions)} questions")
         futures: dict[tuple[int, int, str], Future] = {}
-        for qi, (question, samples) in enumerate(zip(questions, texts)):
+        for qi, (question, samples) in enumerate(zip(questions, texts, strict=True)):
             golds = question.interpretations or (None,)
             for gi, gold in enumerate(golds):
                 if gold is None:
@@ -511,7 +520,7 @@ class _Verifier:
                 # not one sample's fault: no verifier could run, every score would be a fake 0
                 raise RuntimeError(f"verifier pool failed ({outcome['reason']}): {outcome['detail']}")
         verdicts: list[list[SampleVerdict]] = []
-        for qi, (question, samples) in enumerate(zip(questions, texts)):
+        for qi, (question, samples) in enumerate(zip(questions, texts, strict=True)):
             row = []
             for text in samples:
                 outs = [futures[(qi, gi, text)].result() for gi in range(len(question.interpretations) or 1)]
@@ -597,7 +606,9 @@ class BenchmarkResult:
         return out
 
 
-def _benchmark(name: str, records: list[dict[str, Any]], verdicts: list[list[SampleVerdict]], ks: Sequence[int]) -> BenchmarkResult:
+def _benchmark(
+    name: str, records: list[dict[str, Any]], verdicts: list[list[SampleVerdict]], ks: Sequence[int]
+) -> BenchmarkResult:
     tasks = {r["task"] for r in records}
     if len(tasks) != 1:
         raise ValueError(f"benchmark {name!r} mixes SQL and math rows; separate them with --benchmark-key")
@@ -622,7 +633,7 @@ def _benchmark(name: str, records: list[dict[str, Any]], verdicts: list[list[Sam
         values["distinct_strategies"] = float(np.mean(counts))
         distribution = Counter(counts)
         result.strategy_distribution = {str(c): distribution[c] for c in sorted(distribution)}
-    ambi = [(r, row) for r, row in zip(records, verdicts) if "interpretation_hits" in r]
+    ambi = [(r, row) for r, row in zip(records, verdicts, strict=True) if "interpretation_hits" in r]
     if ambi:
         if len(ambi) != len(records):
             raise ValueError(f"benchmark {name!r} mixes AmbiQT and other rows")
@@ -630,9 +641,7 @@ def _benchmark(name: str, records: list[dict[str, Any]], verdicts: list[list[Sam
         second = [[v.interpretation_hits[1] for v in row] for _, row in ambi]
         values["ambiqt_coverage"] = metrics.ambiqt_coverage(first, second)
         for k in ks:
-            values[f"ambiqt_coverage@{k}"] = float(
-                np.mean([r["ambiqt_coverage_at_k"][str(k)] for r, _ in ambi])
-            )
+            values[f"ambiqt_coverage@{k}"] = float(np.mean([r["ambiqt_coverage_at_k"][str(k)] for r, _ in ambi]))
         result.ambiqt = {
             "coverage": values["ambiqt_coverage"],
             "interpretation_hit_rate": [
@@ -659,7 +668,7 @@ def _question_record(question: Question, verdicts: Sequence[SampleVerdict], ks: 
     if question.task == "sql":
         skeletons = [v.skeleton for v in verdicts]
         record["distinct_strategies"] = metrics.distinct_correct_strategies(skeletons, flags)
-        record["skeletons"] = sorted({s for s, ok in zip(skeletons, flags) if ok and s is not None})
+        record["skeletons"] = sorted({s for s, ok in zip(skeletons, flags, strict=True) if ok and s is not None})
     if question.interpretations:
         hits_1 = sum(v.interpretation_hits[0] for v in verdicts)
         hits_2 = sum(v.interpretation_hits[1] for v in verdicts)
@@ -690,7 +699,7 @@ def aggregate(
     """(per-benchmark results in first-seen order, averages, per-question records)."""
     if len(questions) != len(verdicts):
         raise ValueError(f"{len(verdicts)} verdict lists for {len(questions)} questions")
-    records = [_question_record(q, v, ks) for q, v in zip(questions, verdicts)]
+    records = [_question_record(q, v, ks) for q, v in zip(questions, verdicts, strict=True)]
     order = list(dict.fromkeys(q.benchmark for q in questions))
     benchmarks = {}
     for name in order:
@@ -815,7 +824,7 @@ def find_over_long(
     skipped = []
     for start in range(0, len(questions), batch):
         part = questions[start : start + batch]
-        for question, ids in zip(part, backend.encode([q.prompt for q in part])):
+        for question, ids in zip(part, backend.encode([q.prompt for q in part]), strict=True):
             if len(ids) > limit:
                 skipped.append(
                     {
@@ -840,8 +849,20 @@ def _file_digest(path: str) -> str:
 # must match them. Left out on purpose: out, k (re-aggregation only), verify_workers,
 # gpu_memory_utilization and tensor_parallel_size (how fast, not what).
 _FINGERPRINT_KEYS = (
-    "backend", "model", "n", "temperature", "top_p", "max_new_tokens", "seed", "limit", "max_model_len",
-    "hf_batch_size", "verify_timeout_s", "verify_hard_timeout_s", "benchmark_key", "chunk_questions",
+    "backend",
+    "model",
+    "n",
+    "temperature",
+    "top_p",
+    "max_new_tokens",
+    "seed",
+    "limit",
+    "max_model_len",
+    "hf_batch_size",
+    "verify_timeout_s",
+    "verify_hard_timeout_s",
+    "benchmark_key",
+    "chunk_questions",
 )
 
 
@@ -939,7 +960,13 @@ def evaluate(config: EvalConfig, backend: Any = None, *, overwrite: bool = False
         store = EvalStore.open(out_dir, run_fingerprint(config, questions), overwrite=overwrite or scratch is not None)
         resumed = len(store.done_rows)
         if resumed:
-            logger.info("resuming %s: %d of %d questions already done (session %d)", out_dir, resumed, len(questions), store.sessions)
+            logger.info(
+                "resuming %s: %d of %d questions already done (session %d)",
+                out_dir,
+                resumed,
+                len(questions),
+                store.sessions,
+            )
         t_load = time.monotonic()
         timings = {"load_s": t_load - start, "model_load_s": 0.0, "generate_s": 0.0, "verify_wait_s": 0.0}
         skipped_rows = {int(s["row"]) for s in store.skipped}
@@ -965,8 +992,12 @@ def evaluate(config: EvalConfig, backend: Any = None, *, overwrite: bool = False
         benchmarks, averages, records = aggregate(done, [by_row[q.row] for q in done], config.ks_used)
         for b in benchmarks.values():
             if b.verification_failures:
-                logger.warning("%s: %d sample verification(s) crashed or timed out (counted incorrect): %s",
-                               b.name, b.verification_failures, b.reasons)
+                logger.warning(
+                    "%s: %d sample verification(s) crashed or timed out (counted incorrect): %s",
+                    b.name,
+                    b.verification_failures,
+                    b.reasons,
+                )
         timings.update(
             {
                 "aggregate_s": time.monotonic() - t_agg,
@@ -978,7 +1009,13 @@ def evaluate(config: EvalConfig, backend: Any = None, *, overwrite: bool = False
         if scratch is not None:
             samples = list(samples)
         result = EvalResult(
-            config, benchmarks, averages, records, samples, timings, skipped=skipped,
+            config,
+            benchmarks,
+            averages,
+            records,
+            samples,
+            timings,
+            skipped=skipped,
             max_prompt_tokens=store.max_prompt_tokens,
             resume={"sessions": store.sessions, "resumed_questions": resumed},
         )
@@ -1000,7 +1037,9 @@ def _log_skipped(skipped: Sequence[Mapping[str, Any]], limit: int | None) -> Non
     per_benchmark = Counter(s["benchmark"] for s in skipped)
     logger.warning(
         "%d prompt(s) longer than %s tokens skipped (not counted as wrong; listed in results.json): %s",
-        len(skipped), limit, dict(per_benchmark),
+        len(skipped),
+        limit,
+        dict(per_benchmark),
     )
 
 
@@ -1019,8 +1058,12 @@ def _run_chunks(
     done_rows = store.done_rows
     pending_chunks = [(i, c) for i, c in enumerate(chunks) if not all(q.row in done_rows for q in c)]
     bar = _Progress(len(kept), len(kept) - sum(len(c) for _, c in pending_chunks), config.n, progress)
-    verifier = _Verifier(kept, workers=config.verify_workers, timeout_s=config.verify_timeout_s,
-                         hard_timeout_s=config.verify_hard_timeout_s)
+    verifier = _Verifier(
+        kept,
+        workers=config.verify_workers,
+        timeout_s=config.verify_timeout_s,
+        hard_timeout_s=config.verify_hard_timeout_s,
+    )
     try:
         pending: tuple[list[Question], list[list[Any]], dict] | None = None
         for index, chunk in pending_chunks:
@@ -1048,8 +1091,8 @@ def _commit(store: Any, verifier: _Verifier, pending: tuple, timings: dict[str, 
     timings["verify_wait_s"] += time.monotonic() - t0
     records = [
         _sample_record(q, j, g, v)
-        for q, row, vrow in zip(chunk, generations, verdicts)
-        for j, (g, v) in enumerate(zip(row, vrow))
+        for q, row, vrow in zip(chunk, generations, verdicts, strict=True)
+        for j, (g, v) in enumerate(zip(row, vrow, strict=True))
     ]
     store.commit([q.row for q in chunk], records)
     bar.advance(len(chunk), sum(int(r["num_tokens"]) for r in records))

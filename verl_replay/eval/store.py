@@ -83,7 +83,9 @@ class EvalStore:
     # ------------------------------------------------------------------ open / resume
 
     @classmethod
-    def open(cls, out_dir: str | os.PathLike[str], fingerprint: Mapping[str, Any], *, overwrite: bool = False) -> "EvalStore":
+    def open(
+        cls, out_dir: str | os.PathLike[str], fingerprint: Mapping[str, Any], *, overwrite: bool = False
+    ) -> EvalStore:
         """Start a fresh store in ``out_dir``, or continue the one there (same fingerprint)."""
         out = Path(out_dir)
         fingerprint = json.loads(json.dumps(dict(fingerprint)))  # plain JSON values, compared as stored
@@ -100,7 +102,9 @@ class EvalStore:
             return store
         state = store._read_state()
         if state.get("version") != STATE_VERSION:
-            raise EvalStoreError(f"{store.state_path}: unknown state version {state.get('version')!r}; pass --overwrite")
+            raise EvalStoreError(
+                f"{store.state_path}: unknown state version {state.get('version')!r}; pass --overwrite"
+            )
         changed = fingerprint_diff(state.get("fingerprint", {}), fingerprint)
         if changed:
             raise EvalStoreError(
@@ -175,9 +179,7 @@ class EvalStore:
 
     def commit(self, rows: Sequence[int], records: Sequence[Mapping[str, Any]]) -> None:
         """Append one chunk's sample records (every sample of ``rows``) and commit them."""
-        data = b"".join(
-            (json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8") for r in records
-        )
+        data = b"".join((json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8") for r in records)
         with open(self.samples_path, "ab") as handle:
             handle.write(data)
             handle.flush()

@@ -52,4 +52,5 @@ def make_backend(name: str, **kwargs: Any) -> GenerationBackend:
         raise module.BackendUnavailableError(module.VLLM_INSTALL_HINT)
     return getattr(module, class_name)(**kwargs)
 
+
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

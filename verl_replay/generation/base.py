@@ -20,7 +20,7 @@ import abc
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 __all__ = [
     "ChatMessages",
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 ChatMessages = Sequence[Mapping[str, str]]
-Prompt = Union[str, ChatMessages]
+Prompt = str | ChatMessages
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,7 @@ class GenerationBackend(abc.ABC):
         return render_prompt(self.tokenizer, messages, chat_template_kwargs=getattr(self, "chat_template_kwargs", None))
 
 
-def render_prompt(
-    tokenizer: Any, prompt: Prompt, *, chat_template_kwargs: Mapping[str, Any] | None = None
-) -> str:
+def render_prompt(tokenizer: Any, prompt: Prompt, *, chat_template_kwargs: Mapping[str, Any] | None = None) -> str:
     """A string prompt unchanged; chat messages through the tokenizer's chat template."""
     if isinstance(prompt, str):
         return prompt

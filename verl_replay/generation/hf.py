@@ -168,9 +168,7 @@ class HFBackend(GenerationBackend):
                 text=self._tokenizer.decode(list(ids), skip_special_tokens=True),
                 token_ids=ids,
                 finish_reason="stop" if stopped else "length",
-                logprobs=None
-                if chosen_logprobs is None
-                else tuple(float(x) for x in chosen_logprobs[row, :length]),
+                logprobs=None if chosen_logprobs is None else tuple(float(x) for x in chosen_logprobs[row, :length]),
             )
             grouped[row // draws].extend([generation] * (n // draws))
         return grouped

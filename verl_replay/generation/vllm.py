@@ -227,6 +227,6 @@ class VLLMBackend(GenerationBackend):
         if len(outputs) != len(plan):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(plan)} requests")
         results: list[list[Generation]] = [[] for _ in prompt_ids]
-        for (prompt_index, _, _), output in zip(plan, outputs):  # outputs follow request order
+        for (prompt_index, _, _), output in zip(plan, outputs, strict=True):  # outputs follow request order
             results[prompt_index].append(completion_to_generation(output.outputs[0], logprobs=logprobs))
         return results

@@ -12,7 +12,6 @@ does not import torch.
 
 from __future__ import annotations
 
-
 from verl_replay._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {

@@ -156,16 +156,14 @@ _U32_MAX = 2**32 - 1
 class _Layout:
     """Section offsets of one packed group (computed on demand, never stored)."""
 
-    __slots__ = ("flags", "n", "L", "P", "wp", "wr", "adv", "sc", "len", "pid", "rid", "cor",
-                 "mask", "meta")
+    __slots__ = ("flags", "n", "L", "P", "wp", "wr", "adv", "sc", "len", "pid", "rid", "cor", "mask", "meta")
 
     def __init__(self, buf: bytes) -> None:
         if len(buf) < _HEADER.size:
             raise ValueError("packed replay group is truncated (no header)")
         version, flags, widths, _, n, L, P = _HEADER.unpack_from(buf)
         if version != _GROUP_VERSION:
-            raise ValueError(f"packed replay group has version {version}, expected "
-                             f"{_GROUP_VERSION}")
+            raise ValueError(f"packed replay group has version {version}, expected {_GROUP_VERSION}")
         self.flags, self.n, self.L, self.P = flags, n, L, P
         self.wp, self.wr = widths >> 4, widths & 0xF
         if self.wp not in (2, 3, 4) or self.wr not in (2, 3, 4) or flags & ~_MASK_ALL_VALID:
@@ -187,9 +185,17 @@ def _f32(buf: bytes, offset: int, count: int) -> Tensor:
     return torch.from_numpy(np.frombuffer(buf, "<f4", count, offset).astype(np.float32))
 
 
-def _pack_group(prompt_ids: Tensor, response_ids: Tensor, response_lengths: Tensor,
-                response_mask: Tensor, gen_log_probs: Tensor, advantages: Tensor,
-                correct: Tensor, scores: Tensor, meta_blob: bytes) -> bytes:
+def _pack_group(
+    prompt_ids: Tensor,
+    response_ids: Tensor,
+    response_lengths: Tensor,
+    response_mask: Tensor,
+    gen_log_probs: Tensor,
+    advantages: Tensor,
+    correct: Tensor,
+    scores: Tensor,
+    meta_blob: bytes,
+) -> bytes:
     n, L, P = response_lengths.numel(), response_ids.numel(), prompt_ids.numel()
     wp, wr = id_width(prompt_ids), id_width(response_ids)
     all_valid = bool(response_mask.all())
@@ -209,8 +215,7 @@ def _pack_group(prompt_ids: Tensor, response_ids: Tensor, response_lengths: Tens
     return b"".join(parts)  # one allocation; bytes: the stored anchor cannot be written to
 
 
-_BOOKKEEPING = ("group_id", "birth_step", "insert_seq", "headroom_ref", "headroom_cached",
-                "replay_count")
+_BOOKKEEPING = ("group_id", "birth_step", "insert_seq", "headroom_ref", "headroom_cached", "replay_count")
 
 
 class ReplayGroup:
@@ -268,21 +273,27 @@ class ReplayGroup:
         total = sum(lengths)
         if total > _U32_MAX or prompt_ids.numel() > _U32_MAX:
             raise ValueError(f"a group holds at most {_U32_MAX} prompt or response tokens")
-        tokens = {"response_ids": response_ids, "response_mask": response_mask,
-                  "gen_log_probs": gen_log_probs}
+        tokens = {"response_ids": response_ids, "response_mask": response_mask, "gen_log_probs": gen_log_probs}
         for name, t in tokens.items():
             if t.numel() != total:
-                raise ValueError(
-                    f"{name} must have sum(response_lengths) = {total} entries, got {t.numel()}"
-                )
+                raise ValueError(f"{name} must have sum(response_lengths) = {total} entries, got {t.numel()}")
         for name, t in (("advantages", advantages), ("correct", correct), ("scores", scores)):
             if t.numel() != n:
                 raise ValueError(f"{name} must have one entry per response ({n}), got {t.numel()}")
         meta = {} if meta is None else meta
         if not isinstance(meta, dict):
             raise ValueError(f"meta must be a dict, got {type(meta).__name__}")
-        self._buf = _pack_group(prompt_ids, response_ids, response_lengths, response_mask,
-                                gen_log_probs, advantages, correct, scores, encode_meta(meta))
+        self._buf = _pack_group(
+            prompt_ids,
+            response_ids,
+            response_lengths,
+            response_mask,
+            gen_log_probs,
+            advantages,
+            correct,
+            scores,
+            encode_meta(meta),
+        )
         self.group_id = group_id
         self.birth_step = birth_step
         self.insert_seq = insert_seq
@@ -353,23 +364,24 @@ class ReplayGroup:
     def meta(self) -> dict[str, Any]:
         """The group's metadata, decoded into a new dict (changes need ``group.meta = ...``)."""
         lay = _Layout(self._buf)
-        return decode_meta(memoryview(self._buf)[lay.meta:])
+        return decode_meta(memoryview(self._buf)[lay.meta :])
 
     @meta.setter
     def meta(self, value: dict[str, Any]) -> None:
         blob = encode_meta(value)
-        self._buf = self._buf[:_Layout(self._buf).meta] + blob
+        self._buf = self._buf[: _Layout(self._buf).meta] + blob
 
     def _scoring_fields(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(gen_log_probs, response_mask, response_lengths, advantages) from one layout parse:
         what Headroom/Drift need, for the buffer's per-group hot paths."""
         lay = _Layout(self._buf)
-        mask = (torch.ones(lay.L, dtype=torch.bool) if lay.flags & _MASK_ALL_VALID
-                else unpack_bits(self._buf, lay.mask, lay.L))
-        lengths = torch.from_numpy(np.frombuffer(self._buf, "<u4", lay.n, lay.len)
-                                   .astype(np.int64))
-        return (_f32(self._buf, _HEADER.size, lay.L), mask, lengths,
-                _f32(self._buf, lay.adv, lay.n))
+        mask = (
+            torch.ones(lay.L, dtype=torch.bool)
+            if lay.flags & _MASK_ALL_VALID
+            else unpack_bits(self._buf, lay.mask, lay.L)
+        )
+        lengths = torch.from_numpy(np.frombuffer(self._buf, "<u4", lay.n, lay.len).astype(np.int64))
+        return (_f32(self._buf, _HEADER.size, lay.L), mask, lengths, _f32(self._buf, lay.adv, lay.n))
 
     # -- sizes -----------------------------------------------------------------------------
 
@@ -402,9 +414,11 @@ class ReplayGroup:
         return torch.cat([torch.zeros(1, dtype=torch.int64), self.response_lengths.cumsum(0)])
 
     def __repr__(self) -> str:
-        return (f"ReplayGroup(group_id={self.group_id}, n={self.n}, num_tokens={self.num_tokens}, "
-                f"birth_step={self.birth_step}, headroom_cached={self.headroom_cached!r}, "
-                f"replay_count={self.replay_count})")
+        return (
+            f"ReplayGroup(group_id={self.group_id}, n={self.n}, num_tokens={self.num_tokens}, "
+            f"birth_step={self.birth_step}, headroom_cached={self.headroom_cached!r}, "
+            f"replay_count={self.replay_count})"
+        )
 
     # -- padded conversion -------------------------------------------------------------------
 
@@ -471,8 +485,7 @@ class ReplayGroup:
             gen_log_probs=gen_log_probs.detach().cpu().float()[keep],
             advantages=adv.float(),
             correct=corr != 0,
-            scores=(corr.float() if scores is None
-                    else torch.as_tensor(scores).detach().cpu().float().reshape(-1)),
+            scores=(corr.float() if scores is None else torch.as_tensor(scores).detach().cpu().float().reshape(-1)),
             meta=dict(meta or {}),
         )
 
@@ -558,9 +571,15 @@ class SelectionResult:
         """``scan`` event records for :class:`~verl_replay.headroom_drift.events.ReplayEventLog`."""
         return [
             scan_record(
-                step=self.step, group_id=r.group_id, rank=r.rank, drift=r.drift,
-                replay_kl=r.replay_kl, headroom_before=r.headroom_before,
-                headroom_after=r.headroom_after, accepted=r.accepted, age=r.age,
+                step=self.step,
+                group_id=r.group_id,
+                rank=r.rank,
+                drift=r.drift,
+                replay_kl=r.replay_kl,
+                headroom_before=r.headroom_before,
+                headroom_after=r.headroom_after,
+                accepted=r.accepted,
+                age=r.age,
                 birth_step=r.birth_step,
             )
             for r in self.records
@@ -670,8 +689,7 @@ class _FifoReplayStore:
         return MappingProxyType(self._groups)
 
     def config(self) -> dict[str, Any]:
-        return {"capacity": self.capacity, "k_rep": self.k_rep, "ingress": self.ingress,
-                "weighting": self.weighting}
+        return {"capacity": self.capacity, "k_rep": self.k_rep, "ingress": self.ingress, "weighting": self.weighting}
 
     # -- ingress -------------------------------------------------------------------------------
 
@@ -698,9 +716,7 @@ class _FifoReplayStore:
             if not isinstance(g, ReplayGroup):
                 raise ValueError(f"admit expects ReplayGroup objects, got {type(g).__name__}")
             if g.group_id != -1 or id(g) in seen:
-                raise ValueError(
-                    f"group already admitted (group_id={g.group_id}); build a new ReplayGroup"
-                )
+                raise ValueError(f"group already admitted (group_id={g.group_id}); build a new ReplayGroup")
             seen.add(id(g))
             gen, mask, lengths, adv = g._scoring_fields()  # decoded once per group
             n, num_correct = lengths.numel(), g.num_correct
@@ -715,8 +731,7 @@ class _FifoReplayStore:
         for g, h_ref, n, num_correct in admitted:
             g.group_id = self._next_group_id
             # one int object for both when equal (always, unless a state file says otherwise)
-            g.insert_seq = (g.group_id if self._next_insert_seq == g.group_id
-                            else self._next_insert_seq)
+            g.insert_seq = g.group_id if self._next_insert_seq == g.group_id else self._next_insert_seq
             self._next_group_id += 1
             self._next_insert_seq += 1
             g.birth_step = step
@@ -725,18 +740,34 @@ class _FifoReplayStore:
             self._groups[g.group_id] = g
             self._fifo.append(g.group_id)
             self._on_insert(g)
-            events.append(ingress_record(step=step, group_id=g.group_id, birth_step=step,
-                                         initial_headroom=h_ref, n=n, num_correct=num_correct))
+            events.append(
+                ingress_record(
+                    step=step,
+                    group_id=g.group_id,
+                    birth_step=step,
+                    initial_headroom=h_ref,
+                    n=n,
+                    num_correct=num_correct,
+                )
+            )
         evicted = 0
         while len(self._groups) > self.capacity:
             old = self._groups.pop(self._fifo.popleft())
             self._on_evict(old)
             evicted += 1
-            events.append(evict_record(step=step, group_id=old.group_id, birth_step=old.birth_step,
-                                       lifetime_replay_count=old.replay_count))
+            events.append(
+                evict_record(
+                    step=step, group_id=old.group_id, birth_step=old.birth_step, lifetime_replay_count=old.replay_count
+                )
+            )
         self._after_mutation()
-        return {"ingress": len(admitted), "rejected_ingress": len(groups) - len(admitted),
-                "evicted": evicted, "buffer_size": len(self._groups), "events": events}
+        return {
+            "ingress": len(admitted),
+            "rejected_ingress": len(groups) - len(admitted),
+            "evicted": evicted,
+            "buffer_size": len(self._groups),
+            "events": events,
+        }
 
     # hooks for the ranking structure
     def _on_insert(self, group: ReplayGroup) -> None:
@@ -764,8 +795,8 @@ class _FifoReplayStore:
         sizes = [len(g._buf) for g in gs]
         packed = bytearray(sum(sizes))
         view, off = memoryview(packed), 0
-        for g, size in zip(gs, sizes):
-            view[off:off + size] = g._buf
+        for g, size in zip(gs, sizes, strict=True):
+            view[off : off + size] = g._buf
             off += size
         view.release()
 
@@ -779,8 +810,9 @@ class _FifoReplayStore:
             "next_group_id": self._next_group_id,
             "next_insert_seq": self._next_insert_seq,
             "groups": {
-                "packed": (torch.frombuffer(packed, dtype=torch.uint8) if packed
-                           else torch.zeros(0, dtype=torch.uint8)),
+                "packed": (
+                    torch.frombuffer(packed, dtype=torch.uint8) if packed else torch.zeros(0, dtype=torch.uint8)
+                ),
                 "packed_sizes": torch.tensor(sizes, dtype=torch.int64),
                 "group_id": scal("group_id", torch.int64),
                 "birth_step": scal("birth_step", torch.int64),
@@ -801,18 +833,21 @@ class _FifoReplayStore:
         """
         fmt = state.get("format") if isinstance(state, Mapping) else None
         if fmt not in _READABLE_FORMATS:
-            raise ValueError(f"not a replay buffer state this version can read (format "
-                             f"{fmt!r}; readable formats: {_READABLE_FORMATS})")
+            raise ValueError(
+                f"not a replay buffer state this version can read (format "
+                f"{fmt!r}; readable formats: {_READABLE_FORMATS})"
+            )
         if state.get("kind") != self._KIND:
-            raise ValueError(f"state was saved by {state.get('kind')!r}, "
-                             f"cannot load into {self._KIND!r}")
+            raise ValueError(f"state was saved by {state.get('kind')!r}, cannot load into {self._KIND!r}")
         saved_cfg = dict(state["config"])
         mine = self.config()
         diff = sorted(k for k in set(saved_cfg) | set(mine) if saved_cfg.get(k) != mine.get(k))
         if diff and strict:
             detail = ", ".join(f"{k}: saved {saved_cfg.get(k)!r} vs {mine.get(k)!r}" for k in diff)
-            raise ValueError(f"buffer configuration differs from the saved one ({detail}); "
-                             "construct the buffer with the saved settings or pass strict=False")
+            raise ValueError(
+                f"buffer configuration differs from the saved one ({detail}); "
+                "construct the buffer with the saved settings or pass strict=False"
+            )
         p = state["groups"]
         bookkeeping = {k: p[k].tolist() for k in _BOOKKEEPING}
         count = len(bookkeeping["group_id"])
@@ -823,7 +858,7 @@ class _FifoReplayStore:
         gids = [g.group_id for g in groups]
         if len(set(gids)) != len(gids):
             raise ValueError("replay buffer state is inconsistent: duplicate group ids")
-        groups = groups[max(0, len(groups) - self.capacity):]  # drop the oldest beyond capacity
+        groups = groups[max(0, len(groups) - self.capacity) :]  # drop the oldest beyond capacity
         _share_equal_numbers(groups)
         self._groups = {g.group_id: g for g in groups}
         self._fifo = deque(g.group_id for g in groups)
@@ -836,8 +871,7 @@ class _FifoReplayStore:
         buf = io.BytesIO()
         torch.save(self.state_dict(), buf)
         payload = buf.getbuffer()  # no copy of a payload that can be hundreds of MB
-        header = _FILE_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + \
-            str(len(payload)).encode() + b"\n"
+        header = _FILE_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + str(len(payload)).encode() + b"\n"
         target = Path(path)
         tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
         try:
@@ -866,16 +900,14 @@ class _FifoReplayStore:
             raise ValueError(f"replay buffer file {p} is truncated (incomplete header)")
         digest = data[start:end_digest]
         try:
-            size = int(data[end_digest + 1:end_size])
+            size = int(data[end_digest + 1 : end_size])
         except ValueError:
             raise ValueError(f"replay buffer file {p} is corrupted (bad length field)") from None
-        payload = memoryview(data)[end_size + 1:]
+        payload = memoryview(data)[end_size + 1 :]
         if len(payload) < size:
-            raise ValueError(f"replay buffer file {p} is truncated: {len(payload)} of {size} "
-                             "payload bytes present")
+            raise ValueError(f"replay buffer file {p} is truncated: {len(payload)} of {size} payload bytes present")
         if len(payload) > size:
-            raise ValueError(f"replay buffer file {p} is corrupted: {len(payload) - size} "
-                             "unexpected trailing bytes")
+            raise ValueError(f"replay buffer file {p} is corrupted: {len(payload) - size} unexpected trailing bytes")
         if hashlib.sha256(payload).hexdigest().encode() != digest:
             raise ValueError(f"replay buffer file {p} is corrupted: sha256 content hash mismatch")
         return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
@@ -909,26 +941,23 @@ def _share_equal_numbers(groups: Sequence[ReplayGroup]) -> None:
             g.headroom_cached = g.headroom_ref
 
 
-def _groups_v2(p: Mapping[str, Any], count: int,
-               bookkeeping: dict[str, list[Any]]) -> list[ReplayGroup]:
+def _groups_v2(p: Mapping[str, Any], count: int, bookkeeping: dict[str, list[Any]]) -> list[ReplayGroup]:
     sizes = p["packed_sizes"].tolist()
     packed = p["packed"].numpy()
     if len(sizes) != count or sum(sizes) != packed.size or min(sizes, default=1) < 1:
         raise ValueError("replay buffer state is inconsistent: packed sizes do not match")
     groups, off = [], 0
     for i, size in enumerate(sizes):
-        buf = packed[off:off + size].tobytes()
+        buf = packed[off : off + size].tobytes()
         off += size
         try:
-            groups.append(ReplayGroup._from_packed(
-                buf, **{k: v[i] for k, v in bookkeeping.items()}))
+            groups.append(ReplayGroup._from_packed(buf, **{k: v[i] for k, v in bookkeeping.items()}))
         except ValueError as exc:
             raise ValueError(f"replay buffer state, group {i}: {exc}") from None
     return groups
 
 
-def _groups_v1(p: Mapping[str, Any], count: int,
-               bookkeeping: dict[str, list[Any]]) -> list[ReplayGroup]:
+def _groups_v1(p: Mapping[str, Any], count: int, bookkeeping: dict[str, list[Any]]) -> list[ReplayGroup]:
     """Format 1 (one concatenated tensor per field, meta as a list of dicts): repacked."""
     sizes = p["group_sizes"].tolist()
     if len(sizes) != count or len(p["meta"]) != count:
@@ -938,7 +967,7 @@ def _groups_v1(p: Mapping[str, Any], count: int,
     per_resp = rlen.tolist()
     tok_counts, off = [], 0
     for n in sizes:  # tokens per group = sum of its response lengths
-        tok_counts.append(sum(per_resp[off:off + n]))
+        tok_counts.append(sum(per_resp[off : off + n]))
         off += n
     parts = {
         "prompt_ids": torch.split(p["prompt_ids"], plen),
@@ -951,8 +980,9 @@ def _groups_v1(p: Mapping[str, Any], count: int,
         "scores": torch.split(p["scores"], sizes),
     }
     return [
-        ReplayGroup(**{k: v[i] for k, v in parts.items()}, meta=dict(p["meta"][i]),
-                    **{k: v[i] for k, v in bookkeeping.items()})
+        ReplayGroup(
+            **{k: v[i] for k, v in parts.items()}, meta=dict(p["meta"][i]), **{k: v[i] for k, v in bookkeeping.items()}
+        )
         for i in range(count)
     ]
 
@@ -1010,8 +1040,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         self.tau = float(tau)
         self.drift_norm = _check_choice("drift_norm", drift_norm, DRIFT_NORMS)
         self.scan_chunk_groups = _check_int("scan_chunk_groups", scan_chunk_groups, 1)
-        self.max_scan_groups = (None if max_scan_groups is None
-                                else _check_int("max_scan_groups", max_scan_groups, 1))
+        self.max_scan_groups = None if max_scan_groups is None else _check_int("max_scan_groups", max_scan_groups, 1)
         # ranking heap with lazy invalidation (see module docstring)
         self._heap: list[tuple[float, int, int, int]] = []
         # -birth_step objects shared by all entries of one birth step (an int per entry otherwise)
@@ -1019,8 +1048,12 @@ class HeadroomDriftBuffer(_FifoReplayStore):
 
     def config(self) -> dict[str, Any]:
         cfg = super().config()
-        cfg.update(tau=self.tau, drift_norm=self.drift_norm,
-                   scan_chunk_groups=self.scan_chunk_groups, max_scan_groups=self.max_scan_groups)
+        cfg.update(
+            tau=self.tau,
+            drift_norm=self.drift_norm,
+            scan_chunk_groups=self.scan_chunk_groups,
+            max_scan_groups=self.max_scan_groups,
+        )
         return cfg
 
     # -- ranking structure --------------------------------------------------------------------
@@ -1075,18 +1108,22 @@ class HeadroomDriftBuffer(_FifoReplayStore):
     # -- selection ------------------------------------------------------------------------------
 
     def _score(self, group: ReplayGroup, log_probs: Any) -> Any:
-        if not isinstance(log_probs, Tensor) or log_probs.dim() != 1 \
-                or log_probs.numel() != group.num_tokens or not log_probs.is_floating_point():
-            shape = (tuple(log_probs.shape) if isinstance(log_probs, Tensor)
-                     else type(log_probs).__name__)
+        if (
+            not isinstance(log_probs, Tensor)
+            or log_probs.dim() != 1
+            or log_probs.numel() != group.num_tokens
+            or not log_probs.is_floating_point()
+        ):
+            shape = tuple(log_probs.shape) if isinstance(log_probs, Tensor) else type(log_probs).__name__
             raise ValueError(
                 f"scorer must return a 1-D float tensor of length num_tokens={group.num_tokens} "
                 f"for group {group.group_id}, got {shape}"
             )
         gen, mask, lengths, adv = group._scoring_fields()
         try:
-            return group_scores_flat(log_probs.detach().to("cpu"), gen, mask, lengths, adv,
-                                     self.weighting, self.drift_norm, validate=False)
+            return group_scores_flat(
+                log_probs.detach().to("cpu"), gen, mask, lengths, adv, self.weighting, self.drift_norm, validate=False
+            )
         except ValueError as exc:
             raise ValueError(f"scorer output for group {group.group_id}: {exc}") from None
 
@@ -1119,8 +1156,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         if not callable(scorer):
             raise ValueError("scorer must be callable: scorer(list[ReplayGroup]) -> list[Tensor]")
         candidates = len(self._groups)
-        budget = (candidates if self.max_scan_groups is None
-                  else min(candidates, self.max_scan_groups))
+        budget = candidates if self.max_scan_groups is None else min(candidates, self.max_scan_groups)
         popped: list[tuple[float, int, int, int]] = []
         records: list[ScanRecord] = []
         refreshed: dict[int, float] = {}
@@ -1131,8 +1167,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         done = False
         try:
             while not done and len(records) < budget:
-                chunk = self._pop_live(self._chunk_size(len(accepted), len(records), budget,
-                                                        multiple))
+                chunk = self._pop_live(self._chunk_size(len(accepted), len(records), budget, multiple))
                 popped.extend(chunk)
                 if not chunk:
                     break
@@ -1143,17 +1178,24 @@ class HeadroomDriftBuffer(_FifoReplayStore):
                 chunk_groups.append(len(groups))
                 chunk_rows.append(sum(g.n for g in groups))
                 if len(outputs) != len(groups):
-                    raise ValueError(f"scorer returned {len(outputs)} tensors "
-                                     f"for {len(groups)} groups")
-                for g, lp in zip(groups, outputs):
+                    raise ValueError(f"scorer returned {len(outputs)} tensors for {len(groups)} groups")
+                for g, lp in zip(groups, outputs, strict=True):
                     sc = self._score(g, lp)
                     ok = sc.drift <= self.tau
-                    records.append(ScanRecord(
-                        group_id=g.group_id, rank=len(records) + 1, birth_step=g.birth_step,
-                        age=step - g.birth_step, headroom_before=g.headroom_cached,
-                        headroom_after=sc.headroom, drift=sc.drift, replay_kl=sc.replay_kl,
-                        num_valid_tokens=sc.num_valid_tokens, accepted=ok,
-                    ))
+                    records.append(
+                        ScanRecord(
+                            group_id=g.group_id,
+                            rank=len(records) + 1,
+                            birth_step=g.birth_step,
+                            age=step - g.birth_step,
+                            headroom_before=g.headroom_cached,
+                            headroom_after=sc.headroom,
+                            drift=sc.drift,
+                            replay_kl=sc.replay_kl,
+                            num_valid_tokens=sc.num_valid_tokens,
+                            accepted=ok,
+                        )
+                    )
                     refreshed[g.group_id] = sc.headroom
                     if ok:
                         accepted.append(g)
@@ -1180,9 +1222,16 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         stats = self._stats(records, candidates)
         stats["scan_forward_seconds"] = forward_s
         stats["select_seconds"] = time.perf_counter() - t0
-        return SelectionResult(step=step, groups=accepted, records=records, stats=stats,
-                               scorer_calls=len(chunk_groups), scored_groups=len(popped),
-                               chunk_groups=tuple(chunk_groups), chunk_rows=tuple(chunk_rows))
+        return SelectionResult(
+            step=step,
+            groups=accepted,
+            records=records,
+            stats=stats,
+            scorer_calls=len(chunk_groups),
+            scored_groups=len(popped),
+            chunk_groups=tuple(chunk_groups),
+            chunk_rows=tuple(chunk_rows),
+        )
 
     def _stats(self, records: list[ScanRecord], candidates: int) -> dict[str, float]:
         # every record of this buffer was scored: drift/replay_kl/headroom_after are floats
@@ -1226,12 +1275,10 @@ class NaiveReplayBuffer(_FifoReplayStore):
 
     _KIND = "NaiveReplayBuffer"
 
-    def __init__(self, *, capacity: int, k_rep: int, ingress: str = "answer_disagree",
-                 weighting: str = "sign") -> None:
+    def __init__(self, *, capacity: int, k_rep: int, ingress: str = "answer_disagree", weighting: str = "sign") -> None:
         super().__init__(capacity=capacity, k_rep=k_rep, ingress=ingress, weighting=weighting)
 
-    def select(self, step: int, scorer: Scorer | None = None, *,
-               chunk_multiple: int = 1) -> SelectionResult:
+    def select(self, step: int, scorer: Scorer | None = None, *, chunk_multiple: int = 1) -> SelectionResult:
         """The latest K_rep groups, newest first. ``scorer`` and ``chunk_multiple`` are accepted
         for the same call as :meth:`HeadroomDriftBuffer.select` and unused: nothing is scanned,
         so nothing goes through a forward (``forward_rows() == 0``)."""
@@ -1246,11 +1293,20 @@ class NaiveReplayBuffer(_FifoReplayStore):
                 break
             g = self._groups[gid]
             accepted.append(g)
-            records.append(ScanRecord(
-                group_id=g.group_id, rank=len(records) + 1, birth_step=g.birth_step,
-                age=step - g.birth_step, headroom_before=g.headroom_cached, headroom_after=None,
-                drift=None, replay_kl=None, num_valid_tokens=g.num_valid_tokens, accepted=True,
-            ))
+            records.append(
+                ScanRecord(
+                    group_id=g.group_id,
+                    rank=len(records) + 1,
+                    birth_step=g.birth_step,
+                    age=step - g.birth_step,
+                    headroom_before=g.headroom_cached,
+                    headroom_after=None,
+                    drift=None,
+                    replay_kl=None,
+                    num_valid_tokens=g.num_valid_tokens,
+                    accepted=True,
+                )
+            )
         for g in accepted:
             g.replay_count += 1
         stats: dict[str, float] = {

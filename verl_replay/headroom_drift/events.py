@@ -83,9 +83,7 @@ def scan_record(
     }
 
 
-def evict_record(
-    *, step: int, group_id: int, birth_step: int, lifetime_replay_count: int
-) -> dict[str, Any]:
+def evict_record(*, step: int, group_id: int, birth_step: int, lifetime_replay_count: int) -> dict[str, Any]:
     return {
         "event": "evict",
         "step": int(step),
@@ -122,9 +120,7 @@ def _parse_lines(text: str, path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def read_events(
-    path: str | os.PathLike[str], events: Iterable[str] | None = None
-) -> list[dict[str, Any]]:
+def read_events(path: str | os.PathLike[str], events: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """All records of an event log in file order, optionally only the given event types."""
     p = Path(path)
     records = _parse_lines(p.read_text(encoding="utf-8"), p)
@@ -222,4 +218,3 @@ class ReplayEventLog:
     def pending(self) -> Sequence[str]:
         """Lines written since the last flush (not yet on disk)."""
         return tuple(self._pending)
-

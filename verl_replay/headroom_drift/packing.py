@@ -106,9 +106,21 @@ _DOUBLE = struct.Struct("<d")
 
 # Stable codes of the tensor dtypes metadata may hold (append only: codes are stored).
 _DTYPES: tuple[torch.dtype, ...] = (
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-    torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-    torch.uint16, torch.uint32, torch.uint64,
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
 )
 _DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
 
@@ -132,25 +144,87 @@ def _text(value: str) -> bytes:
 # parquet schema and prompt wording, written exactly as the encoding spells them (dict keys
 # length-prefixed, strings tagged). Later entries are the most frequent (shorter distances).
 _ZDICT_V1 = b"".join(
-    [_key(k) for k in (
-        "db_id", "db_path", "gold_sqls", "semantics", "difficulty", "evidence", "category",
-        "need_tools_kwargs", "teacher_ids", "teacher_logprobs", "routed_experts",
-        "min_global_steps", "max_global_steps", "mm_processor_kwargs", "agent_name", "uid",
-        "session_id", "global_steps", "dummy_tensor", "ability", "num_turns",
-        "multi_modal_inputs", "tools_kwargs", "interaction_kwargs", "index", "question_id",
-        "benchmark", "question", "split", "extra_info", "style", "ground_truth", "reward_model",
-        "data_source", "role", "content", "prompt", "raw_prompt", "source_uid", "shared",
-        "per_row", "generate_sequences", "tool_calls", "compute_score", "num_preempted",
-        "metrics", "turn_scores", "tool_rewards", "score", "acc", "reason",
-        "reward_extra_info", "extra_fields",
-    )]
-    + [_text(v) for v in (
-        "spider", "bird", "tiny_sql", "tiny_math", "sql", "math", "test", "train", "rule",
-        "system", "assistant", "user", "gold_error", "mismatch", "match",
-        "Answer with one SQLite query in a ```sql code block.",
-        "Put the final answer in \\boxed{}.",
-        "Please reason step by step, and put your final answer within \\boxed{}.",
-    )]
+    [
+        _key(k)
+        for k in (
+            "db_id",
+            "db_path",
+            "gold_sqls",
+            "semantics",
+            "difficulty",
+            "evidence",
+            "category",
+            "need_tools_kwargs",
+            "teacher_ids",
+            "teacher_logprobs",
+            "routed_experts",
+            "min_global_steps",
+            "max_global_steps",
+            "mm_processor_kwargs",
+            "agent_name",
+            "uid",
+            "session_id",
+            "global_steps",
+            "dummy_tensor",
+            "ability",
+            "num_turns",
+            "multi_modal_inputs",
+            "tools_kwargs",
+            "interaction_kwargs",
+            "index",
+            "question_id",
+            "benchmark",
+            "question",
+            "split",
+            "extra_info",
+            "style",
+            "ground_truth",
+            "reward_model",
+            "data_source",
+            "role",
+            "content",
+            "prompt",
+            "raw_prompt",
+            "source_uid",
+            "shared",
+            "per_row",
+            "generate_sequences",
+            "tool_calls",
+            "compute_score",
+            "num_preempted",
+            "metrics",
+            "turn_scores",
+            "tool_rewards",
+            "score",
+            "acc",
+            "reason",
+            "reward_extra_info",
+            "extra_fields",
+        )
+    ]
+    + [
+        _text(v)
+        for v in (
+            "spider",
+            "bird",
+            "tiny_sql",
+            "tiny_math",
+            "sql",
+            "math",
+            "test",
+            "train",
+            "rule",
+            "system",
+            "assistant",
+            "user",
+            "gold_error",
+            "mismatch",
+            "match",
+            "Answer with one SQLite query in a ```sql code block.",
+            "Put the final answer in \\boxed{}.",
+            "Please reason step by step, and put your final answer within \\boxed{}.",
+        )
+    ]
 )
 
 
@@ -191,8 +265,12 @@ def _encoded_key(key: Any) -> bytes:
 
 
 _BASE_COPIES: tuple[tuple[type, Callable[[Any], Any]], ...] = (
-    (str, str.__str__), (int, int.__int__), (float, float.__float__), (list, list.copy),
-    (tuple, lambda v: tuple.__getitem__(v, slice(None))), (dict, dict.copy),
+    (str, str.__str__),
+    (int, int.__int__),
+    (float, float.__float__),
+    (list, list.copy),
+    (tuple, lambda v: tuple.__getitem__(v, slice(None))),
+    (dict, dict.copy),
 )
 
 
@@ -243,8 +321,8 @@ def _encode(out: bytearray, value: Any) -> None:
                 break
     else:
         raise _Unsupported(
-            f"meta values must be None/bool/int/float/str/list/tuple/dict/Tensor, got "
-            f"{type(value).__name__}", hint=" (convert numpy scalars with .item())"
+            f"meta values must be None/bool/int/float/str/list/tuple/dict/Tensor, got {type(value).__name__}",
+            hint=" (convert numpy scalars with .item())",
         )
 
 
@@ -408,8 +486,7 @@ def decode_meta(blob: bytes | bytearray | memoryview) -> dict[str, Any]:
         raise MetaDecodeError("stored metadata is empty")
     kind = view[0]
     if kind in (_ZLIB, _DEFLATE_DICT_V1):
-        d = (zlib.decompressobj() if kind == _ZLIB
-             else zlib.decompressobj(-15, zdict=_ZDICT_V1))
+        d = zlib.decompressobj() if kind == _ZLIB else zlib.decompressobj(-15, zdict=_ZDICT_V1)
         try:
             raw = d.decompress(view[1:]) + d.flush()
         except zlib.error as exc:

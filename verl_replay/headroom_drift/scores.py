@@ -91,10 +91,7 @@ def _check_float(name: str, x: Tensor) -> None:
 
 def _check_same_shape(name: str, x: Tensor, ref_name: str, ref: Tensor) -> None:
     if x.shape != ref.shape:
-        raise ValueError(
-            f"{name} must have the same shape as {ref_name} {tuple(ref.shape)}, "
-            f"got {tuple(x.shape)}"
-        )
+        raise ValueError(f"{name} must have the same shape as {ref_name} {tuple(ref.shape)}, got {tuple(x.shape)}")
 
 
 def _check_lengths(name: str, lengths: object, total: int, total_name: str) -> None:
@@ -104,14 +101,10 @@ def _check_lengths(name: str, lengths: object, total: int, total_name: str) -> N
     if lengths.numel() and int(lengths.min()) < 0:
         raise ValueError(f"{name} must be non-negative")
     if int(lengths.sum()) != total:
-        raise ValueError(
-            f"{name} must sum to the length of {total_name} ({total}), got {int(lengths.sum())}"
-        )
+        raise ValueError(f"{name} must sum to the length of {total_name} ({total}), got {int(lengths.sum())}")
 
 
-def _check_flat_tokens(
-    log_probs: Tensor, response_mask: Tensor, gen_log_probs: Tensor | None = None
-) -> None:
+def _check_flat_tokens(log_probs: Tensor, response_mask: Tensor, gen_log_probs: Tensor | None = None) -> None:
     _check_tensor("log_probs", log_probs, 1)
     _check_float("log_probs", log_probs)
     _check_tensor("response_mask", response_mask, 1)
@@ -213,8 +206,7 @@ def headroom(
     _check_tensor("advantages", advantages, 2)
     if advantages.shape != log_probs.shape[:2]:
         raise ValueError(
-            f"advantages must have shape [G, n] = {tuple(log_probs.shape[:2])}, "
-            f"got {tuple(advantages.shape)}"
+            f"advantages must have shape [G, n] = {tuple(log_probs.shape[:2])}, got {tuple(advantages.shape)}"
         )
     valid = _valid(response_mask)
     p, q = _token_p_q(log_probs, valid)  # [G, n, T]
@@ -224,9 +216,7 @@ def headroom(
     return _ratio_or_zero(num.sum(-1), w.sum(-1)).to(_OUT)
 
 
-def _padded_log_ratio(
-    log_probs: Tensor, gen_log_probs: Tensor, response_mask: Tensor
-) -> tuple[Tensor, Tensor]:
+def _padded_log_ratio(log_probs: Tensor, gen_log_probs: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor]:
     """(r [G, n*T] float64 with 0 at invalid positions, valid count [G])."""
     _check_tensor("log_probs", log_probs, 3)
     _check_float("log_probs", log_probs)
@@ -270,9 +260,7 @@ def replay_kl(
 
 def _seg_sum(values: Tensor, lengths: Tensor) -> Tensor:
     """Sum of consecutive segments of ``values`` (empty segments give 0)."""
-    return torch.segment_reduce(
-        values, "sum", lengths=lengths.to(device=values.device, dtype=torch.long)
-    )
+    return torch.segment_reduce(values, "sum", lengths=lengths.to(device=values.device, dtype=torch.long))
 
 
 def headroom_segments(
@@ -293,8 +281,11 @@ def headroom_segments(
     p, q = _token_p_q(log_probs, valid)  # [L]
     count = _seg_sum(valid.to(_WORK), response_lengths)  # [R]
     num, w = _combine_responses(  # [R]
-        _seg_sum(p, response_lengths), _seg_sum(q, response_lengths), count,
-        advantages.to(log_probs.device), weighting,
+        _seg_sum(p, response_lengths),
+        _seg_sum(q, response_lengths),
+        count,
+        advantages.to(log_probs.device),
+        weighting,
     )
     return _ratio_or_zero(_seg_sum(num, group_sizes), _seg_sum(w, group_sizes)).to(_OUT)
 
@@ -344,18 +335,17 @@ def _f32(x: float) -> float:
     return float(np.float32(x))
 
 
-def _headroom_one(
-    log_probs: Tensor, valid: Tensor, lengths: Tensor, adv: Tensor, weighting: str
-) -> float:
+def _headroom_one(log_probs: Tensor, valid: Tensor, lengths: Tensor, adv: Tensor, weighting: str) -> float:
     """Headroom of one validated ragged group as a float32-valued Python float.
 
     The n-sized combine runs in Python (n is small): fewer tiny tensor ops on the hot path.
     """
     p, q = _token_p_q(log_probs, valid)  # [L]
-    sums = torch.stack([_seg_sum(p, lengths), _seg_sum(q, lengths),
-                        _seg_sum(valid.to(_WORK), lengths)]).tolist()  # 3 x [n]
+    sums = torch.stack(
+        [_seg_sum(p, lengths), _seg_sum(q, lengths), _seg_sum(valid.to(_WORK), lengths)]
+    ).tolist()  # 3 x [n]
     num = den = 0.0
-    for sp, sq, c, a in zip(*sums, adv.tolist()):
+    for sp, sq, c, a in zip(*sums, adv.tolist(), strict=True):
         if c > 0 and (a > 0 or a < 0):  # directional response with valid tokens (NaN: no)
             w = 1.0 if weighting == "sign" else abs(a)
             num += w * ((sq if a > 0 else sp) / c)
@@ -363,9 +353,7 @@ def _headroom_one(
     return _f32(num / den) if den > 0 else 0.0
 
 
-def _drift_kl_one(
-    log_probs: Tensor, gen_log_probs: Tensor, valid: Tensor, norm: str
-) -> tuple[float, float, int]:
+def _drift_kl_one(log_probs: Tensor, gen_log_probs: Tensor, valid: Tensor, norm: str) -> tuple[float, float, int]:
     """(drift, replay KL, valid tokens) of one validated ragged group."""
     r = _log_ratio(log_probs, gen_log_probs, valid)
     agg = (r * r) if norm == "l2" else r.abs()

@@ -5,7 +5,6 @@ approach vocabularies (SPEC 2.2). Names are resolved lazily so that importing a 
 
 from __future__ import annotations
 
-
 from verl_replay._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {

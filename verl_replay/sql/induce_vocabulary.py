@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--chat-template-kwargs",
         type=json.loads,
         default=None,
-        help='JSON passed to the chat template, e.g. \'{"enable_thinking": false}\'',
+        help="JSON passed to the chat template, e.g. '{\"enable_thinking\": false}'",
     )
     return parser
 

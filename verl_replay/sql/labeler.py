@@ -251,7 +251,7 @@ class LLMLabeler:
         missing = [i for i, name in enumerate(labels) if name is None]
         if missing:
             fallback_labels = self.fallback.label_batch([texts[i] for i in missing])
-            for i, name in zip(missing, fallback_labels):
+            for i, name in zip(missing, fallback_labels, strict=True):
                 labels[i] = name if name in self.vocabulary else self.vocabulary.default
         self.last_answers = answers
         self.num_labeled += len(texts)

@@ -120,7 +120,9 @@ def _worker_main(sock_fd: int, lifeline_fd: int, config: dict[str, Any]) -> None
             result = executor.execute(db_path, sql, timeout_s, max_rows, max_bytes)
             payload = pickle.dumps((result.rows, result.reason, result.detail), protocol=pickle.HIGHEST_PROTOCOL)
         except MemoryError:
-            payload = pickle.dumps((None, "out_of_memory", f"the result did not fit in {config.get('memory_limit_mb')} MB"))
+            payload = pickle.dumps(
+                (None, "out_of_memory", f"the result did not fit in {config.get('memory_limit_mb')} MB")
+            )
         except Exception as exc:  # noqa: BLE001 - report, keep serving
             payload = pickle.dumps((None, "internal_error", f"{type(exc).__name__}: {exc}"))
         del message
@@ -242,15 +244,14 @@ class SQLSandbox:
 
     # ------------------------------------------------------------------ public API
 
-    def execute(
-        self, db_path: str, sql: str, *, timeout_s: float, max_rows: int, max_bytes: int
-    ) -> QueryResult:
+    def execute(self, db_path: str, sql: str, *, timeout_s: float, max_rows: int, max_bytes: int) -> QueryResult:
         """``execute_readonly`` in a worker; returns by ``timeout_s + kill_grace_s`` at the latest
         once the worker is running (the first call, or one past ``max_workers`` concurrent
         callers, also waits for a worker to start or free up)."""
         start = time.monotonic()
-        request = pickle.dumps((db_path, sql, float(timeout_s), int(max_rows), int(max_bytes)),
-                               protocol=pickle.HIGHEST_PROTOCOL)
+        request = pickle.dumps(
+            (db_path, sql, float(timeout_s), int(max_rows), int(max_bytes)), protocol=pickle.HIGHEST_PROTOCOL
+        )
         worker = self._acquire()
         try:
             try:
@@ -258,7 +259,8 @@ class SQLSandbox:
                 if not worker.conn.poll(timeout_s + self.kill_grace_s):
                     self._kill(worker)
                     return QueryResult(
-                        None, "timeout",
+                        None,
+                        "timeout",
                         f"no answer {timeout_s:g}s + {self.kill_grace_s:g}s after the query started (one SQLite "
                         "step ran past the deadline); its worker process was killed",
                         time.monotonic() - start,
@@ -267,7 +269,9 @@ class SQLSandbox:
             except (EOFError, OSError):
                 code = self._crashed(worker)
                 return QueryResult(
-                    None, "worker_crashed", f"the sandbox worker died while running the query (exit code {code})",
+                    None,
+                    "worker_crashed",
+                    f"the sandbox worker died while running the query (exit code {code})",
                     time.monotonic() - start,
                 )
             rows, reason, detail = pickle.loads(reply)

@@ -64,12 +64,12 @@ from typing import Any, Literal
 
 from verl_replay.verifiers.compare import SEMANTICS, CompareTimeout, normalize_for_semantics, results_match
 from verl_replay.verifiers.sqlite_exec import (
-    KILL_GRACE_S,
     DEFAULT_MAX_BYTES,
+    KILL_GRACE_S,
     QueryResult,
     _check_sql_text,
-    _value_size,
     _execute_inline,
+    _value_size,
 )
 
 __all__ = [
@@ -116,6 +116,7 @@ REASONS: dict[str, str] = {
     "worker_crashed": "the process running the query died (sandbox or pool)",
     "worker_timeout": "the worker exceeded the pool's hard deadline and was killed (VerifierPool only)",
 }
+
 
 @dataclass(frozen=True)
 class SQLVerification:
@@ -372,10 +373,14 @@ def verify_sql(
     if isolation not in ("process", "inline"):
         raise ValueError(f"isolation must be 'process' or 'inline', got {isolation!r}")
     if not timeout_s > 0 or max_rows < 0 or max_bytes < 1:
-        raise ValueError(f"need timeout_s > 0, max_rows >= 0, max_bytes >= 1 (got {timeout_s}, {max_rows}, {max_bytes})")
+        raise ValueError(
+            f"need timeout_s > 0, max_rows >= 0, max_bytes >= 1 (got {timeout_s}, {max_rows}, {max_bytes})"
+        )
     start = time.monotonic()
 
-    def result(correct: bool, reason: str, detail: str = "", pred_n: int | None = None, gold_n: int | None = None) -> SQLVerification:
+    def result(
+        correct: bool, reason: str, detail: str = "", pred_n: int | None = None, gold_n: int | None = None
+    ) -> SQLVerification:
         return SQLVerification(correct, reason, detail, time.monotonic() - start, semantics, pred_n, gold_n)
 
     from verl_replay.verifiers.sandbox import SandboxError
@@ -396,8 +401,12 @@ def verify_sql(
             return result(False, "gold_error", f"gold query failed ({gold.reason}): {gold.detail}")
         pred_start = time.monotonic()
         pred = execute_readonly(
-            path, normalize_for_semantics(text, semantics), timeout_s=timeout_s, max_rows=max_rows,
-            max_bytes=max_bytes, isolation=isolation,
+            path,
+            normalize_for_semantics(text, semantics),
+            timeout_s=timeout_s,
+            max_rows=max_rows,
+            max_bytes=max_bytes,
+            isolation=isolation,
         )
         if pred.rows is None:
             return result(False, pred.reason, pred.detail, gold_n=len(gold.rows))
@@ -411,9 +420,11 @@ def verify_sql(
         if match:
             return result(True, "ok", "", len(pred.rows), len(gold.rows))
         return result(
-            False, "mismatch",
+            False,
+            "mismatch",
             f"{_comparison_mode(semantics, ordered)} comparison: {len(pred.rows)} vs {len(gold.rows)} gold rows",
-            len(pred.rows), len(gold.rows),
+            len(pred.rows),
+            len(gold.rows),
         )
     except SandboxError:
         raise  # the environment cannot run verifications at all: fail loudly, not as a 0 reward

@@ -45,8 +45,24 @@ _DEADLINE_ROWS = 256
 
 # First keyword -> reason for statements that can never be a verifiable query.
 _REFUSED_KEYWORDS: dict[str, str] = {
-    **{k: "write_attempt" for k in ("INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP", "ALTER",
-                                    "VACUUM", "REINDEX", "ANALYZE", "UPSERT", "MERGE", "TRUNCATE")},
+    **{
+        k: "write_attempt"
+        for k in (
+            "INSERT",
+            "UPDATE",
+            "DELETE",
+            "REPLACE",
+            "CREATE",
+            "DROP",
+            "ALTER",
+            "VACUUM",
+            "REINDEX",
+            "ANALYZE",
+            "UPSERT",
+            "MERGE",
+            "TRUNCATE",
+        )
+    },
     "ATTACH": "attach_refused",
     "DETACH": "attach_refused",
     **{k: "not_a_query" for k in ("BEGIN", "COMMIT", "END", "ROLLBACK", "SAVEPOINT", "RELEASE", "EXPLAIN")},
@@ -55,10 +71,17 @@ _REFUSED_KEYWORDS: dict[str, str] = {
 _ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE})
 _EXTENSION_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer"})
 # Pragmas that only report schema information (with or without an argument).
-_READ_PRAGMAS = frozenset({
-    "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
-    "foreign_key_list",
-})
+_READ_PRAGMAS = frozenset(
+    {
+        "table_info",
+        "table_xinfo",
+        "table_list",
+        "index_list",
+        "index_info",
+        "index_xinfo",
+        "foreign_key_list",
+    }
+)
 _ATTACH_ACTIONS = frozenset({sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH})
 _TXN_ACTIONS = frozenset({sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT})
 _SYNTAX_MARKERS = ("syntax error", "incomplete input", "unrecognized token")

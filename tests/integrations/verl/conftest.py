@@ -39,10 +39,26 @@ def tiny_archive(tmp_path_factory, tiny_assets):
 
 def _search_archive(tiny_assets, out: Path) -> dict:
     command = [
-        sys.executable, "-m", "verl_replay.elite.search",
-        "--data", str(tiny_assets.sql_train), "--model", str(tiny_assets.sql_model_dir), "--out", str(out),
-        "--limit", "16", "--seeds-per-question", "8", "--mutations-per-question", "2", "--rounds", "1",
-        "--max-new-tokens", "96", "--no-progress",
+        sys.executable,
+        "-m",
+        "verl_replay.elite.search",
+        "--data",
+        str(tiny_assets.sql_train),
+        "--model",
+        str(tiny_assets.sql_model_dir),
+        "--out",
+        str(out),
+        "--limit",
+        "16",
+        "--seeds-per-question",
+        "8",
+        "--mutations-per-question",
+        "2",
+        "--rounds",
+        "1",
+        "--max-new-tokens",
+        "96",
+        "--no-progress",
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]

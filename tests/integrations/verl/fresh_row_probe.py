@@ -40,9 +40,7 @@ def _describe(value: Any, rows: int) -> dict[str, Any]:
 def describe_rows(data: Any) -> dict[str, Any]:
     rows = int(data.batch_size[0])
     fields = {name: _describe(data[name], rows) for name in sorted(data.keys())}
-    values = {
-        name: [data[name][i].tolist() for i in range(rows)] for name in VALUE_FIELDS if name in fields
-    }
+    values = {name: [data[name][i].tolist() for i in range(rows)] for name in VALUE_FIELDS if name in fields}
     return {"rows": rows, "fields": fields, "values": values}
 
 

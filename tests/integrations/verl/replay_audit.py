@@ -34,16 +34,18 @@ def read_audit(directory: Path) -> list[AuditedRow]:
             valid = int(record["response_mask"][i].sum())
             if valid == 0:  # verl's synthetic padding rows
                 continue
-            rows.append(AuditedRow(
-                optimizer_step=step,
-                source=int(record["replay_source"][i]),
-                group_id=int(record["replay_group_id"][i]),
-                tokens=(tuple(record["prompts"][i].tolist()), tuple(record["responses"][i][:valid].tolist())),
-                old_log_probs=record["old_log_probs"][i][:valid],
-                advantage=record["advantages"][i][:valid],
-                rollout_log_probs=record["rollout_log_probs"][i][:valid] if "rollout_log_probs" in record else None,
-                is_weights=record["rollout_is_weights"][i][:valid] if "rollout_is_weights" in record else None,
-            ))
+            rows.append(
+                AuditedRow(
+                    optimizer_step=step,
+                    source=int(record["replay_source"][i]),
+                    group_id=int(record["replay_group_id"][i]),
+                    tokens=(tuple(record["prompts"][i].tolist()), tuple(record["responses"][i][:valid].tolist())),
+                    old_log_probs=record["old_log_probs"][i][:valid],
+                    advantage=record["advantages"][i][:valid],
+                    rollout_log_probs=record["rollout_log_probs"][i][:valid] if "rollout_log_probs" in record else None,
+                    is_weights=record["rollout_is_weights"][i][:valid] if "rollout_is_weights" in record else None,
+                )
+            )
     return rows
 
 

@@ -12,8 +12,8 @@ from collections import Counter
 
 import pytest
 import torch
-
 from replay_audit import FRESH, GROUP_REPLAY, first_fresh_occurrences, read_audit, rows_per_optimizer_step
+
 from verl_replay.headroom_drift.events import read_events
 
 GROUP_SIZE = 4  # cpu_tiny's rollout.n
@@ -39,8 +39,9 @@ def _scores_by_step(dump_dir) -> dict[int, list[tuple[str, float]]]:
     return out
 
 
-def check_group_replay_run(run_dir, metrics, audit, dump, *, k_rep: int = 2, steps: int = 5,
-                           rollout_correction: bool = True) -> None:
+def check_group_replay_run(
+    run_dir, metrics, audit, dump, *, k_rep: int = 2, steps: int = 5, rollout_correction: bool = True
+) -> None:
     assert [m["training/global_step"] for m in metrics] == list(range(1, steps + 1))  # one line per global step
 
     # Selection once per global step, before its first round, from groups admitted earlier.
@@ -75,8 +76,10 @@ def check_group_replay_run(run_dir, metrics, audit, dump, *, k_rep: int = 2, ste
     for row in replay_rows:
         births = [b for b in fresh.get(row.tokens, []) if b.optimizer_step < row.optimizer_step]
         assert births, "a replayed row has no earlier fresh occurrence"
-        assert any(torch.equal(row.old_log_probs, b.rollout_log_probs) and torch.equal(row.advantage, b.advantage)
-                   for b in births), "replayed row's anchor/advantages differ from what it carried when fresh"
+        assert any(
+            torch.equal(row.old_log_probs, b.rollout_log_probs) and torch.equal(row.advantage, b.advantage)
+            for b in births
+        ), "replayed row's anchor/advantages differ from what it carried when fresh"
         if rollout_correction:  # the anchor is also the rollout log-probs, so the IS weight is exactly 1
             assert row.is_weights is not None and torch.all(row.is_weights == 1.0)
     # optimiser steps: as many as planned, each with its share of fresh rows

@@ -23,7 +23,9 @@ from verl_replay.integrations.verl.rows import REPLAY_SOURCE_FIELD, SOURCE_ELITE
 
 
 def actor_config(**overrides) -> FSDPActorConfig:
-    return FSDPActorConfig(strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=1, **overrides)
+    return FSDPActorConfig(
+        strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=1, **overrides
+    )
 
 
 def nested(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -40,7 +42,11 @@ class MiniBatch:
         for i in range(num_rows):
             prompt_len = int(torch.randint(2, 6, (1,), generator=generator))
             response_len = int(torch.randint(1, 7, (1,), generator=generator))
-            source = SOURCE_ELITE if i % elite_every == elite_every - 1 else (SOURCE_GROUP_REPLAY if i % 5 == 0 else SOURCE_FRESH)
+            source = (
+                SOURCE_ELITE
+                if i % elite_every == elite_every - 1
+                else (SOURCE_GROUP_REPLAY if i % 5 == 0 else SOURCE_FRESH)
+            )
             self.rows.append(
                 {
                     "prompt_len": prompt_len,
@@ -68,8 +74,13 @@ class MiniBatch:
             "row_id": torch.tensor(indices),
         }
         td = TensorDict(fields, batch_size=len(rows))
-        tu.assign_non_tensor(td, dp_size=dp_size, batch_num_tokens=batch_num_tokens, global_batch_size=None,
-                             **{ELITE_ROWS_FIELD: elite_rows})
+        tu.assign_non_tensor(
+            td,
+            dp_size=dp_size,
+            batch_num_tokens=batch_num_tokens,
+            global_batch_size=None,
+            **{ELITE_ROWS_FIELD: elite_rows},
+        )
         return td
 
     def model_output(self, theta: torch.Tensor, row_ids: list[int]) -> dict:
@@ -95,8 +106,12 @@ def gradient(batch: MiniBatch, loss_fn, micro_batches: list[list[int]], *, dp_si
     theta = batch.theta0.clone().requires_grad_(True)
     total = 0.0
     for indices in micro_batches:
-        data = batch.data(indices, dp_size=dp_size, batch_num_tokens=batch.grpo_tokens(all_rows),
-                          elite_rows=batch.elite_rows(all_rows))
+        data = batch.data(
+            indices,
+            dp_size=dp_size,
+            batch_num_tokens=batch.grpo_tokens(all_rows),
+            elite_rows=batch.elite_rows(all_rows),
+        )
         loss, _ = loss_fn(model_output=batch.model_output(theta, indices), data=data)
         total = total + loss
     total.backward()
@@ -215,7 +230,10 @@ def test_mini_batch_without_grpo_tokens_gives_the_replay_term_alone():
     loss, _ = loss_fn(model_output=batch.model_output(theta, elite), data=data)
     assert torch.isfinite(loss)
     log_probs = torch.nn.functional.logsigmoid(theta)
-    nll = [-log_probs[batch.rows[i]["offset"] : batch.rows[i]["offset"] + batch.rows[i]["response_len"]].mean() for i in elite]
+    nll = [
+        -log_probs[batch.rows[i]["offset"] : batch.rows[i]["offset"] + batch.rows[i]["response_len"]].mean()
+        for i in elite
+    ]
     torch.testing.assert_close(loss, 0.05 * torch.stack(nll).mean())
 
 

@@ -17,17 +17,34 @@ from verl_replay.integrations.verl.console import (
     step_fields,
 )
 
-STEP = {"critic/score/mean": 0.4375, "actor/pg_loss": -0.0078, "actor/grad_norm": 2.66,
-        "response_length/mean": 6.9, "timing_s/step": 20.33, "actor/lr": 1e-4}
-REPLAY = {"replay/accepted": 2.0, "replay/buffer_size": 12.0, "replay/scanned": 3.0,
-          "replay/drift_accepted/mean": 0.031, "replay/replay_kl_accepted/mean": 0.0021,
-          "replay/elite/nll": 1.9, "replay/elite/examples": 8.0}
+STEP = {
+    "critic/score/mean": 0.4375,
+    "actor/pg_loss": -0.0078,
+    "actor/grad_norm": 2.66,
+    "response_length/mean": 6.9,
+    "timing_s/step": 20.33,
+    "actor/lr": 1e-4,
+}
+REPLAY = {
+    "replay/accepted": 2.0,
+    "replay/buffer_size": 12.0,
+    "replay/scanned": 3.0,
+    "replay/drift_accepted/mean": 0.031,
+    "replay/replay_kl_accepted/mean": 0.0021,
+    "replay/elite/nll": 1.9,
+    "replay/elite/examples": 8.0,
+}
 
 
 def test_plain_grpo_shows_score_losses_length_and_time():
     fields = step_fields(STEP, ReplayConfig.from_mapping(None))
-    assert fields == [("score", 0.4375), ("pg_loss", -0.0078), ("grad_norm", 2.66), ("resp_len", 6.9),
-                      ("time", "20.3s")]
+    assert fields == [
+        ("score", 0.4375),
+        ("pg_loss", -0.0078),
+        ("grad_norm", 2.66),
+        ("resp_len", 6.9),
+        ("time", "20.3s"),
+    ]
 
 
 def test_replay_summary_follows_the_strategy():
@@ -35,7 +52,9 @@ def test_replay_summary_follows_the_strategy():
     hd = dict(step_fields(data, ReplayConfig.from_mapping({"strategy": "headroom_drift", "k_rep": 4})))
     assert hd["replayed"] == "2/4" and hd["buffer"] == 12.0 and hd["replay_kl"] == 0.0021 and hd["drift"] == 0.031
     assert "elite_nll" not in hd
-    nothing = dict(step_fields({**data, "replay/accepted": 0.0}, ReplayConfig.from_mapping({"strategy": "headroom_drift"})))
+    nothing = dict(
+        step_fields({**data, "replay/accepted": 0.0}, ReplayConfig.from_mapping({"strategy": "headroom_drift"}))
+    )
     assert nothing["replayed"] == "0/16" and "drift" not in nothing and "replay_kl" not in nothing
     naive = dict(step_fields(data, ReplayConfig.from_mapping({"strategy": "naive", "k_rep": 2})))
     assert naive["replayed"] == "2/2" and "replay_kl" not in naive and "drift" not in naive
@@ -46,8 +65,13 @@ def test_replay_summary_follows_the_strategy():
 
 
 def test_console_backend_is_dropped_and_file_kept():
-    for given, expected in ((["console", "file"], ["file"]), (["console"], ["file"]), ("console", ["file"]),
-                            (["wandb", "console"], ["wandb", "file"]), (["file", "wandb"], ["file", "wandb"])):
+    for given, expected in (
+        (["console", "file"], ["file"]),
+        (["console"], ["file"]),
+        ("console", ["file"]),
+        (["wandb", "console"], ["wandb", "file"]),
+        (["file", "wandb"], ["file", "wandb"]),
+    ):
         config = OmegaConf.create({"trainer": {"logger": given}})
         OmegaConf.set_struct(config, True)
         quiet_logger_backends(config)

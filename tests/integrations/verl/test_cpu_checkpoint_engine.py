@@ -40,8 +40,11 @@ def _sync_once(actor_world: int, rollout_world: int, bucket_size: int) -> list[d
     def kwargs_of(table: dict, index: int) -> dict:
         return {key: values[index] for key, values in table.items()}
 
-    inits = [_run(lambda e=e, k=kwargs_of(actor_kwargs, i): e.init_process_group(**k)) for i, e in enumerate(actors)]
-    inits += [_run(lambda e=e, k=kwargs_of(rollout_kwargs, i): e.init_process_group(**k)) for i, e in enumerate(rollouts)]
+    def init(engine: GlooCheckpointEngine, kwargs: dict):
+        return _run(lambda: engine.init_process_group(**kwargs))
+
+    inits = [init(e, kwargs_of(actor_kwargs, i)) for i, e in enumerate(actors)]
+    inits += [init(e, kwargs_of(rollout_kwargs, i)) for i, e in enumerate(rollouts)]
     for thread in inits:
         thread.join(timeout=60)
 
@@ -87,7 +90,11 @@ def test_weights_arrive_bit_identical(actor_world, rollout_world, bucket_size):
 
 def test_two_syncs_in_a_row_use_fresh_groups():
     first, second = _sync_once(1, 1, 128), _sync_once(1, 1, 128)
-    assert all(torch.equal(first[0][k].view(torch.uint8), second[0][k].view(torch.uint8)) for k in first[0] if first[0][k].numel())
+    assert all(
+        torch.equal(first[0][k].view(torch.uint8), second[0][k].view(torch.uint8))
+        for k in first[0]
+        if first[0][k].numel()
+    )
 
 
 def test_topology_requires_actor_rank_zero_as_master():

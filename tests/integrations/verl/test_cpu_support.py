@@ -131,7 +131,10 @@ def test_sampler_polls_transfer_queue_quickly(monkeypatch):
     from verl.trainer.ppo.v1 import replay_buffer
 
     sampler = replay_buffer.ReplayBuffer(
-        trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+        trainer_mode="sync",
+        trainer_config={},
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
         sampler_kwargs={},
     )
     assert sampler.poll_interval == cpu_support.CPU_SAMPLER_POLL_INTERVAL_S

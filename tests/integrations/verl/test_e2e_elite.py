@@ -18,7 +18,13 @@ pytestmark = pytest.mark.e2e
 
 def test_archive_mismatch_fails_at_start_up(run_main, tiny_archive, tmp_path):
     # training on the math data with an archive built from the SQL data
-    run = run_main("tiny_task=math", "replay.strategy=elite", f"replay.elite.archive={tiny_archive}",
-                   experiment="mismatch", check=False, timeout=600)
+    run = run_main(
+        "tiny_task=math",
+        "replay.strategy=elite",
+        f"replay.elite.archive={tiny_archive}",
+        experiment="mismatch",
+        check=False,
+        timeout=600,
+    )
     assert run.returncode != 0
     assert "was built from" in run.output and "build the archive from the training parquet" in run.output

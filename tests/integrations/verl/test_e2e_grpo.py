@@ -35,8 +35,14 @@ ROW_PROBE = Path(__file__).with_name("fresh_row_probe.py")
 
 OURS_ONLY = ("replay", "dry_run", "run_dir", "tiny_task", "tiny_response_length", "verbose", "output_root")
 # rollout- and update-determined metrics (timings and throughput depend on the machine's load)
-COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy",
-            "training/rollout_probs_diff_mean")
+COMPARED = (
+    "critic/score/mean",
+    "response_length/mean",
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "actor/entropy",
+    "training/rollout_probs_diff_mean",
+)
 
 
 def _composed_config(overrides: tuple[str, ...]) -> dict:
@@ -64,8 +70,15 @@ def run_verls_own_entry_point(tmp_path: Path, overrides: tuple[str, ...]) -> lis
     (tmp_path / "verl_config" / "run.yaml").write_text(yaml.safe_dump(config))
     verl_metrics = tmp_path / "verl_metrics.jsonl"
     env = dict(os.environ, VERL_PLATFORM="cpu", VERL_FILE_LOGGER_PATH=str(verl_metrics), PYTHONUNBUFFERED="1")
-    command = [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-path={tmp_path / 'verl_config'}",
-               "--config-name=run", "hydra.run.dir=" + str(tmp_path / "hydra"), "hydra.output_subdir=null"]
+    command = [
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        f"--config-path={tmp_path / 'verl_config'}",
+        "--config-name=run",
+        "hydra.run.dir=" + str(tmp_path / "hydra"),
+        "hydra.output_subdir=null",
+    ]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     return [json.loads(line)["data"] for line in verl_metrics.read_text().splitlines() if line.strip()]
@@ -84,7 +97,9 @@ def _check_fresh_rows_carry_mrope_position_ids(probe: dict) -> None:
         assert position["row_shapes"][row] == [4, length]
         assert probe["values"]["position_ids"][row] == [list(range(length))] * 4
     # the processor's (empty for text) multimodal inputs travel with every row
-    assert fields["multi_modal_inputs"]["kind"] == "non_tensor" and fields["multi_modal_inputs"]["item_types"] == ["dict"]
+    assert fields["multi_modal_inputs"]["kind"] == "non_tensor" and fields["multi_modal_inputs"]["item_types"] == [
+        "dict"
+    ]
 
 
 def check_console(run, steps: int) -> None:
@@ -165,7 +180,9 @@ def _sequence_log_probs(model_dir: Path, rows: list[tuple[list[int], list[int]]]
     """Sum of the response tokens' log-probs (temperature 1, as sampled) under a checkpoint."""
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model = AutoModelForImageTextToText.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
     out = []
     with torch.no_grad():
         for prompt, response in rows:
@@ -178,7 +195,8 @@ def _sequence_log_probs(model_dir: Path, rows: list[tuple[list[int], list[int]]]
 def check_update_favours_rewarded_answers(probe: dict, tiny_assets, trained_dir: Path) -> None:
     """The tiny SQL run learns in the sense a few GRPO steps can show on a 0.2M-parameter model: the
     trained policy moves probability toward the first batch's rewarded answers, relative to the
-    wrong ones of the same question (sequence log-prob gain of right minus wrong answers > 1 nat). Rewards are recomputed here by executing each decoded answer
+    wrong ones of the same question (sequence log-prob gain of right minus wrong answers > 1 nat).
+    Rewards are recomputed here by executing each decoded answer
     against the task's SQLite database (not read from the run); the log-probs come from
     independent forwards of the warm start and of the step-3 checkpoint. A sign error in the
     advantages, a zero gradient or a broken reward would each fail it."""
@@ -190,8 +208,9 @@ def check_update_favours_rewarded_answers(probe: dict, tiny_assets, trained_dir:
     tokenizer = AutoTokenizer.from_pretrained(tiny_assets.sql_model_dir)
     rows_by_prompt = {}
     for _, row in pd.read_parquet(tiny_assets.sql_train).iterrows():
-        prompt = tokenizer.apply_chat_template([dict(m) for m in row["prompt"]], add_generation_prompt=True,
-                                               tokenize=True, return_dict=False)
+        prompt = tokenizer.apply_chat_template(
+            [dict(m) for m in row["prompt"]], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         extra = dict(row["extra_info"], gold_sqls=list(row["extra_info"]["gold_sqls"]))
         rows_by_prompt[tuple(prompt)] = (row["reward_model"]["ground_truth"], extra)
     prompts, responses = probe["values"]["prompts"], probe["values"]["responses"]
@@ -200,9 +219,13 @@ def check_update_favours_rewarded_answers(probe: dict, tiny_assets, trained_dir:
         gold, extra = rows_by_prompt[tuple(prompt)]
         text = tokenizer.decode(response, skip_special_tokens=True)
         rewards.append(compute_score("tiny_sql", text, gold, extra)["score"])
-    rows = list(zip(prompts, responses))
-    gain = [a - b for a, b in zip(_sequence_log_probs(trained_dir, rows),
-                                  _sequence_log_probs(tiny_assets.sql_model_dir, rows), strict=True)]
+    rows = list(zip(prompts, responses, strict=True))
+    gain = [
+        a - b
+        for a, b in zip(
+            _sequence_log_probs(trained_dir, rows), _sequence_log_probs(tiny_assets.sql_model_dir, rows), strict=True
+        )
+    ]
     groups: dict[tuple, list[int]] = {}
     for index, prompt in enumerate(prompts):
         groups.setdefault(tuple(prompt), []).append(index)

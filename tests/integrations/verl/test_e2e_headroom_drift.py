@@ -15,8 +15,8 @@ import math
 
 import pytest
 import torch
-
 from replay_audit import GROUP_REPLAY, first_fresh_occurrences, read_audit
+
 from verl_replay.compare.collect import read_metrics
 from verl_replay.headroom_drift.buffer import HeadroomDriftBuffer
 from verl_replay.headroom_drift.events import read_events
@@ -100,8 +100,9 @@ def _process(pid):
 
 def test_headroom_drift_replay_end_to_end(run_main, spawn_main, tmp_path):
     audit = tmp_path / "audit"
-    run = run_main(*REPLAY, "trainer.total_training_steps=6", "trainer.save_freq=6", f"replay.audit_dir={audit}",
-                   experiment="hd")
+    run = run_main(
+        *REPLAY, "trainer.total_training_steps=6", "trainer.save_freq=6", f"replay.audit_dir={audit}", experiment="hd"
+    )
     metrics = run.metrics
     assert len(metrics) == 6
     scanned = sum(m["replay/scanned"] for m in metrics)
@@ -123,16 +124,23 @@ def test_headroom_drift_replay_end_to_end(run_main, spawn_main, tmp_path):
     assert len(replayed) == 4 * accepted  # rollout.n rows per accepted group, each seen once per epoch
     for row in replayed:
         births = [b for b in fresh.get(row.tokens, []) if b.optimizer_step < row.optimizer_step]
-        assert any(torch.equal(row.old_log_probs, b.old_log_probs) and torch.equal(row.advantage, b.advantage)
-                   for b in births), "replayed row's anchor/advantages differ from what it carried when fresh"
+        assert any(
+            torch.equal(row.old_log_probs, b.old_log_probs) and torch.equal(row.advantage, b.advantage) for b in births
+        ), "replayed row's anchor/advantages differ from what it carried when fresh"
     # and the buffer file agrees with what the update saw
     buffer = HeadroomDriftBuffer.from_file(run.run_dir / "checkpoints" / "global_step_6" / "replay" / "group_buffer.pt")
     for row in replayed:
         if row.group_id in buffer.groups_by_id:
             group = buffer.groups_by_id[row.group_id]
             offsets = group.response_offsets().tolist()
-            index = next(i for i in range(group.n) if tuple(group.response_ids[offsets[i]:offsets[i + 1]].tolist()) == row.tokens[1])
-            torch.testing.assert_close(row.old_log_probs, group.gen_log_probs[offsets[index]:offsets[index + 1]], rtol=0, atol=0)
+            index = next(
+                i
+                for i in range(group.n)
+                if tuple(group.response_ids[offsets[i] : offsets[i + 1]].tolist()) == row.tokens[1]
+            )
+            torch.testing.assert_close(
+                row.old_log_probs, group.gen_log_probs[offsets[index] : offsets[index + 1]], rtol=0, atol=0
+            )
 
     # Replayed rows are reported apart from the fresh rollouts' scores.
     assert any("replay/score/mean" in m for m in metrics)
@@ -145,14 +153,20 @@ def test_headroom_drift_replay_end_to_end(run_main, spawn_main, tmp_path):
     # forward that the straight run skips (they keep their stored anchor): the update must be the
     # same bitwise, before the kill and after the resume.
     crashed_dir = tmp_path / "outputs" / "hd_crashed"
-    checkpointed = ("trainer.save_freq=2", f"replay.audit_dir={tmp_path / 'audit2'}",
-                    "replay.recompute_replayed_log_probs=true")
+    checkpointed = (
+        "trainer.save_freq=2",
+        f"replay.audit_dir={tmp_path / 'audit2'}",
+        "replay.recompute_replayed_log_probs=true",
+    )
     killed_after = kill_after_checkpoint(
-        spawn_main(*REPLAY, "trainer.total_training_steps=6", *checkpointed, experiment="hd_crashed", run_dir=crashed_dir),
+        spawn_main(
+            *REPLAY, "trainer.total_training_steps=6", *checkpointed, experiment="hd_crashed", run_dir=crashed_dir
+        ),
         crashed_dir / "checkpoints" / "latest_checkpointed_iteration.txt",
     )
-    second = run_main(*REPLAY, "trainer.total_training_steps=6", *checkpointed, experiment="hd_crashed",
-                      run_dir=crashed_dir)
+    second = run_main(
+        *REPLAY, "trainer.total_training_steps=6", *checkpointed, experiment="hd_crashed", run_dir=crashed_dir
+    )
     assert "resuming outputs/hd_crashed" in second.output
     assert [m["training/global_step"] for m in second.metrics] == list(range(killed_after + 1, 7))
     # The killed run's metrics were kept aside (metrics.1.jsonl): the steps before its checkpoint
@@ -163,8 +177,14 @@ def test_headroom_drift_replay_end_to_end(run_main, spawn_main, tmp_path):
     assert sum(recomputed[step]["replay/accepted"] for step in recomputed) > 0  # replayed rows in the compared steps
     for step, again in recomputed.items():
         straight = metrics[step - 1]
-        for key in ("replay/accepted", "critic/score/mean", "actor/pg_loss", "actor/ppo_kl", "actor/grad_norm",
-                    "actor/entropy"):
+        for key in (
+            "replay/accepted",
+            "critic/score/mean",
+            "actor/pg_loss",
+            "actor/ppo_kl",
+            "actor/grad_norm",
+            "actor/entropy",
+        ):
             assert straight[key] == again[key], (key, step, straight[key], again[key])
     decisions, numbers = _selection_events(second.run_dir / "replay_events.jsonl")
     expected_decisions, expected_numbers = _selection_events(run.run_dir / "replay_events.jsonl")

@@ -16,7 +16,6 @@ import math
 
 import pytest
 import torch
-
 from replay_audit import ELITE, read_audit
 from split_checks import SPLIT_OVERRIDES as SPLIT
 from split_checks import check_group_replay_run
@@ -30,8 +29,13 @@ pytestmark = pytest.mark.e2e
 def test_naive_replay_on_the_split_placement(run_main, tmp_path):
     audit, dump = tmp_path / "audit", tmp_path / "rollouts"
     run = run_main(
-        *SPLIT, "replay.strategy=naive", "replay.k_rep=2", "trainer.total_training_steps=3",
-        f"replay.audit_dir={audit}", f"trainer.rollout_data_dir={dump}", experiment="naive_split",
+        *SPLIT,
+        "replay.strategy=naive",
+        "replay.k_rep=2",
+        "trainer.total_training_steps=3",
+        f"replay.audit_dir={audit}",
+        f"trainer.rollout_data_dir={dump}",
+        experiment="naive_split",
     )
     check_group_replay_run(run.run_dir, run.metrics, audit, dump, steps=3, rollout_correction=False)
 
@@ -39,11 +43,19 @@ def test_naive_replay_on_the_split_placement(run_main, tmp_path):
 def test_headroom_drift_and_elite_on_the_split_placement(run_main, tiny_archive, tiny_assets, tmp_path):
     audit, dump = tmp_path / "audit", tmp_path / "rollouts"
     run = run_main(
-        *SPLIT, "tiny_task=sql", "replay.strategy=headroom_drift+elite", f"replay.elite.archive={tiny_archive}",
-        "replay.elite.batch_size=4", f"replay.elite.mu={ELITE_MU}", "replay.k_rep=2", "replay.tau=1.0",
+        *SPLIT,
+        "tiny_task=sql",
+        "replay.strategy=headroom_drift+elite",
+        f"replay.elite.archive={tiny_archive}",
+        "replay.elite.batch_size=4",
+        f"replay.elite.mu={ELITE_MU}",
+        "replay.k_rep=2",
+        "replay.tau=1.0",
         "trainer.total_training_steps=3",
-        f"replay.audit_dir={audit}", f"trainer.rollout_data_dir={dump}",
-        "algorithm.rollout_correction.rollout_is=token", experiment="combined_split",
+        f"replay.audit_dir={audit}",
+        f"trainer.rollout_data_dir={dump}",
+        "algorithm.rollout_correction.rollout_is=token",
+        experiment="combined_split",
     )
     check_group_replay_run(run.run_dir, run.metrics, audit, dump, steps=3)
     for m in run.metrics:  # elite rows per global step, spread over its rounds, joining its optimiser steps
@@ -98,4 +110,3 @@ def check_elite_replay_term(audit, model_dir) -> None:
             torch.testing.assert_close(record["elite_row_nll"][position], nll, rtol=1e-4, atol=1e-5)
             checked += 1
     assert checked > 0
-

@@ -9,7 +9,12 @@ import torch
 
 from verl_replay.config import ReplayConfig
 from verl_replay.elite.archive import Candidate, EliteArchive, Question
-from verl_replay.elite.archive_io import ArchiveIntegrityError, EmptyArchiveError, TokenizerMismatchError, save_frozen_archive
+from verl_replay.elite.archive_io import (
+    ArchiveIntegrityError,
+    EmptyArchiveError,
+    TokenizerMismatchError,
+    save_frozen_archive,
+)
 from verl_replay.elite.domains import hf_tokenizer_fingerprint
 from verl_replay.integrations.verl.elite_replay import (
     EliteArchiveMismatch,
@@ -40,11 +45,16 @@ def build_archive(path, tokenizer, train_file, *, texts=("\\boxed{5}",), empty=F
         archive.register(question)
         if not empty:
             archive.insert(question, Candidate(question_id=question.id, text=text))
-    save_frozen_archive(archive, path, manifest={
-        "base_model": "tiny", "tokenizer_name": "tiny",
-        "tokenizer_fingerprint": fingerprint or hf_tokenizer_fingerprint(tokenizer),
-        "dataset": {"path": str(train_file), "sha256": file_sha256(str(train_file))},
-    })
+    save_frozen_archive(
+        archive,
+        path,
+        manifest={
+            "base_model": "tiny",
+            "tokenizer_name": "tiny",
+            "tokenizer_fingerprint": fingerprint or hf_tokenizer_fingerprint(tokenizer),
+            "dataset": {"path": str(train_file), "sha256": file_sha256(str(train_file))},
+        },
+    )
     return path
 
 
@@ -63,15 +73,23 @@ def test_good_archive_passes_and_rows_are_built(tmp_path, tokenizer, tiny_assets
     path = build_archive(tmp_path / "a.parquet", tokenizer, tiny_assets.math_train, texts=("\\boxed{5}", "\\boxed{6}"))
     config = elite_config(path, batch_size=3)
     preflight_archive(config, tokenizer=tokenizer, train_files=[str(tiny_assets.math_train)])
-    controller = EliteReplayStream(config, tokenizer=tokenizer, train_files=[str(tiny_assets.math_train)],
-                                   max_prompt_length=256, max_response_length=32)
+    controller = EliteReplayStream(
+        config,
+        tokenizer=tokenizer,
+        train_files=[str(tiny_assets.math_train)],
+        max_prompt_length=256,
+        max_response_length=32,
+    )
     template = fresh_row_template()
     row = controller._row(0, template, uid="elite-s1-0", step=1)
     check_row_fields([row], template, source="EliteReplay archive")
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 0 + 5?"}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 0 + 5?"}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert row["prompts"].tolist() == prompt
-    assert row["responses"].tolist() == tokenizer.encode("\\boxed{5}", add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert row["responses"].tolist() == tokenizer.encode("\\boxed{5}", add_special_tokens=False) + [
+        tokenizer.eos_token_id
+    ]
     assert row["loss_mask"].sum() == 0 and row["response_mask"].sum() == row["responses"].numel()
     assert row["replay_source"].item() == 2 and "advantages" not in row
     assert row["input_ids"].tolist() == prompt + row["responses"].tolist()
@@ -84,21 +102,38 @@ def fresh_row_template(position_rows=()):
     length = 6
     positions = torch.arange(length)
     return {
-        "prompts": torch.arange(3), "responses": torch.arange(3), "input_ids": torch.arange(length),
+        "prompts": torch.arange(3),
+        "responses": torch.arange(3),
+        "input_ids": torch.arange(length),
         "position_ids": positions.expand(*position_rows, length).clone() if position_rows else positions,
-        "response_mask": torch.ones(3, dtype=torch.int64), "loss_mask": torch.ones(3, dtype=torch.int64),
-        "rm_scores": torch.zeros(3), "rollout_log_probs": torch.zeros(3),
-        "uid": "u", "session_id": 0, "global_steps": 1, "data_source": "tiny_math", "reward_model": {},
-        "extra_info": {}, "extra_fields": {}, "metrics": {}, "multi_modal_inputs": {"pixel_values": torch.zeros(1)},
-        "replay_source": torch.tensor(0), "replay_group_id": torch.tensor(-1),
+        "response_mask": torch.ones(3, dtype=torch.int64),
+        "loss_mask": torch.ones(3, dtype=torch.int64),
+        "rm_scores": torch.zeros(3),
+        "rollout_log_probs": torch.zeros(3),
+        "uid": "u",
+        "session_id": 0,
+        "global_steps": 1,
+        "data_source": "tiny_math",
+        "reward_model": {},
+        "extra_info": {},
+        "extra_fields": {},
+        "metrics": {},
+        "multi_modal_inputs": {"pixel_values": torch.zeros(1)},
+        "replay_source": torch.tensor(0),
+        "replay_group_id": torch.tensor(-1),
     }
 
 
 def test_elite_rows_follow_the_fresh_rows_position_layout(tmp_path, tokenizer, tiny_assets):
     """Qwen3.5-4B's rows carry M-RoPE position ids (4, L); an elite row must carry the same layout."""
     path = build_archive(tmp_path / "a.parquet", tokenizer, tiny_assets.math_train)
-    controller = EliteReplayStream(elite_config(path), tokenizer=tokenizer, train_files=[str(tiny_assets.math_train)],
-                                   max_prompt_length=256, max_response_length=32)
+    controller = EliteReplayStream(
+        elite_config(path),
+        tokenizer=tokenizer,
+        train_files=[str(tiny_assets.math_train)],
+        max_prompt_length=256,
+        max_response_length=32,
+    )
     template = fresh_row_template(position_rows=(4,))
     row = controller._row(0, template, uid="elite-s1-0", step=1)
     check_row_fields([row], template, source="EliteReplay archive")
@@ -121,14 +156,18 @@ def test_row_field_check_names_the_field():
         check_row_fields([wrong_dtype], template, source="replayed group")
 
 
-@pytest.mark.parametrize("count,rounds,expected", [(5, 2, [3, 2]), (16, 4, [4, 4, 4, 4]), (1, 3, [1, 0, 0]), (0, 2, [0, 0])])
+@pytest.mark.parametrize(
+    "count,rounds,expected", [(5, 2, [3, 2]), (16, 4, [4, 4, 4, 4]), (1, 3, [1, 0, 0]), (0, 2, [0, 0])]
+)
 def test_split_over_rounds(count, rounds, expected):
     assert split_over_rounds(count, rounds) == expected
     assert sum(expected) == count and max(expected) - min(expected) <= 1
 
 
 def test_entries_longer_than_the_run_allows_are_left_out(tmp_path, tokenizer, tiny_assets):
-    path = build_archive(tmp_path / "a.parquet", tokenizer, tiny_assets.math_train, texts=("\\boxed{5}", "\\boxed{" + "9" * 60 + "}"))
+    path = build_archive(
+        tmp_path / "a.parquet", tokenizer, tiny_assets.math_train, texts=("\\boxed{5}", "\\boxed{" + "9" * 60 + "}")
+    )
     kwargs = dict(tokenizer=tokenizer, train_files=[str(tiny_assets.math_train)], max_prompt_length=256)
     controller = EliteReplayStream(elite_config(path), max_response_length=16, **kwargs)
     assert len(controller.archive.entries) == 1 and controller.skipped_too_long == 1

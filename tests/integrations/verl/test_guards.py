@@ -14,7 +14,11 @@ from verl_replay.integrations.verl.guards import (
 
 
 def config(**algorithm):
-    base = {"adv_estimator": "grpo", "use_kl_in_reward": False, "rollout_correction": {"rollout_is_batch_normalize": False}}
+    base = {
+        "adv_estimator": "grpo",
+        "use_kl_in_reward": False,
+        "rollout_correction": {"rollout_is_batch_normalize": False},
+    }
     return OmegaConf.create({"algorithm": {**base, **algorithm}})
 
 
@@ -52,7 +56,10 @@ def test_batch_whitening_really_moves_fresh_advantages():
     """Why reinforce_plus_plus is refused: the same fresh rows get other advantages once rows are added."""
     import numpy as np
     import torch
-    from verl.trainer.ppo.core_algos import compute_reinforce_plus_plus_outcome_advantage, compute_grpo_outcome_advantage
+    from verl.trainer.ppo.core_algos import (
+        compute_grpo_outcome_advantage,
+        compute_reinforce_plus_plus_outcome_advantage,
+    )
 
     mask = torch.ones(4, 3)
     rewards = torch.zeros(4, 3)

@@ -37,7 +37,10 @@ def test_filter_top_p_keeps_smallest_prefix_reaching_mass():
 def test_request_seed_depends_on_content_not_order():
     a = request_seed(1, 3, [5, 6, 7], 0)
     assert a == request_seed(1, 3, [5, 6, 7], 0)
-    assert len({a, request_seed(1, 3, [5, 6, 7], 1), request_seed(1, 4, [5, 6, 7], 0), request_seed(2, 3, [5, 6, 7], 0)}) == 4
+    assert (
+        len({a, request_seed(1, 3, [5, 6, 7], 1), request_seed(1, 4, [5, 6, 7], 0), request_seed(2, 3, [5, 6, 7], 0)})
+        == 4
+    )
     assert 0 <= a < 2**63
 
 
@@ -71,7 +74,11 @@ def _generate_all(server: HFRolloutServer, prompts: list[list[int]], temperature
     async def run():
         return await asyncio.gather(
             *[
-                server.generate(prompt_ids=p, sampling_params={"temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True}, request_id=str(i))
+                server.generate(
+                    prompt_ids=p,
+                    sampling_params={"temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True},
+                    request_id=str(i),
+                )
                 for i, p in enumerate(prompts)
             ]
         )
@@ -135,10 +142,10 @@ def test_samples_do_not_depend_on_arrival_order_or_batching(server):
     asyncio.run(server.set_global_steps(8))
     asyncio.run(server.set_global_steps(7))  # occurrence counters restart for the version
     second = _generate_all(server, [b, a, a, a])
-    key = lambda outs, prompts: sorted((tuple(p), tuple(o.token_ids)) for p, o in zip(prompts, outs))
+    key = lambda outs, prompts: sorted((tuple(p), tuple(o.token_ids)) for p, o in zip(prompts, outs, strict=True))
     assert key(first, [a, a, b, a]) == key(second, [b, a, a, a])
     # the three copies of prompt `a` are distinct samples, not one sample three times
-    assert len({tuple(o.token_ids) for o, p in zip(first, [a, a, b, a]) if p == a}) > 1
+    assert len({tuple(o.token_ids) for o, p in zip(first, [a, a, b, a], strict=True) if p == a}) > 1
 
 
 def test_output_stops_at_eos_and_reports_version(server):

@@ -24,12 +24,28 @@ GPU80 = ("NVIDIA A100-SXM4-80GB", 80 * GIB)
 class MachineProbe(pf.Probe):
     """A probe that reports a described machine instead of this one (disk and files stay real)."""
 
-    def __init__(self, *, missing=(), versions=None, cuda="13.0", gpus=(GPU80,) * 4, cluster=None,
-                 archs=("Qwen3_5ForConditionalGeneration",), engines=("naive", "nccl"), free_disk=None,
-                 host_memory=512 * GIB):
+    def __init__(
+        self,
+        *,
+        missing=(),
+        versions=None,
+        cuda="13.0",
+        gpus=(GPU80,) * 4,
+        cluster=None,
+        archs=("Qwen3_5ForConditionalGeneration",),
+        engines=("naive", "nccl"),
+        free_disk=None,
+        host_memory=512 * GIB,
+    ):
         self.missing = set(missing)
-        self.versions = {"torch": "2.11.0", "vllm": "0.24.0", "flash-attn": "2.8.3", "flash-linear-attention": "0.5.2",
-                         "causal-conv1d": "1.7.0", **(versions or {})}
+        self.versions = {
+            "torch": "2.11.0",
+            "vllm": "0.24.0",
+            "flash-attn": "2.8.3",
+            "flash-linear-attention": "0.5.2",
+            "causal-conv1d": "1.7.0",
+            **(versions or {}),
+        }
         self.cuda, self._gpus, self.cluster = cuda, list(gpus), cluster
         self.archs, self.engines = set(archs), set(engines)
         self.free_disk, self.host_memory = free_disk, host_memory
@@ -77,21 +93,43 @@ def _model_dir(tmp_path: Path, hf_config=QWEN3_5_4B_CONFIG) -> Path:
 def paper_config(tmp_path: Path, **changes) -> dict:
     """The composed-config keys the checks read, as the EliteReplay recipe sets them."""
     config = {
-        "trainer": {"device": "cuda", "nnodes": 1, "n_gpus_per_node": 2, "save_freq": 25, "total_training_steps": 100,
-                    "max_actor_ckpt_to_keep": 2, "default_local_dir": str(tmp_path / "ckpt"),
-                    "v1": {"trainer_mode": "separate_async", "separate_async": {"parameter_sync_step": 4}}},
+        "trainer": {
+            "device": "cuda",
+            "nnodes": 1,
+            "n_gpus_per_node": 2,
+            "save_freq": 25,
+            "total_training_steps": 100,
+            "max_actor_ckpt_to_keep": 2,
+            "default_local_dir": str(tmp_path / "ckpt"),
+            "v1": {"trainer_mode": "separate_async", "separate_async": {"parameter_sync_step": 4}},
+        },
         "data": {"max_prompt_length": 16384, "max_response_length": 4096},
         "algorithm": {"rollout_correction": {"bypass_mode": False}},
         "actor_rollout_ref": {
-            "model": {"path": str(_model_dir(tmp_path)), "use_remove_padding": True, "enable_gradient_checkpointing": True,
-                      "override_config": {"attn_implementation": "flash_attention_2"}},
-            "actor": {"ppo_max_token_len_per_gpu": 20480, "entropy_from_logits_with_chunking": True,
-                      "checkpoint": {"save_contents": ["model", "optimizer", "extra", "hf_model"]},
-                      "fsdp_config": {"param_offload": False, "optimizer_offload": False}},
-            "rollout": {"name": "vllm", "nnodes": 1, "n_gpus_per_node": 2, "tensor_model_parallel_size": 1,
-                        "gpu_memory_utilization": 0.85, "max_model_len": 20480, "max_num_batched_tokens": 20480,
-                        "log_prob_max_token_len_per_gpu": 40960, "enable_prefix_caching": False,
-                        "checkpoint_engine": {"backend": "nccl", "custom_backend_module": None}},
+            "model": {
+                "path": str(_model_dir(tmp_path)),
+                "use_remove_padding": True,
+                "enable_gradient_checkpointing": True,
+                "override_config": {"attn_implementation": "flash_attention_2"},
+            },
+            "actor": {
+                "ppo_max_token_len_per_gpu": 20480,
+                "entropy_from_logits_with_chunking": True,
+                "checkpoint": {"save_contents": ["model", "optimizer", "extra", "hf_model"]},
+                "fsdp_config": {"param_offload": False, "optimizer_offload": False},
+            },
+            "rollout": {
+                "name": "vllm",
+                "nnodes": 1,
+                "n_gpus_per_node": 2,
+                "tensor_model_parallel_size": 1,
+                "gpu_memory_utilization": 0.85,
+                "max_model_len": 20480,
+                "max_num_batched_tokens": 20480,
+                "log_prob_max_token_len_per_gpu": 40960,
+                "enable_prefix_caching": False,
+                "checkpoint_engine": {"backend": "nccl", "custom_backend_module": None},
+            },
         },
     }
     for dotted, value in changes.items():
@@ -111,7 +149,9 @@ def test_a_complete_gpu_host_passes_every_check(tmp_path):
     checks, budget = pf.run_checks(paper_config(tmp_path), MachineProbe(free_disk=10**13))
     assert [c for c in checks if c.status in (pf.FAIL, pf.WARN)] == []
     names = _by_name(checks)
-    assert "4 visible" in names["gpus"].detail and "2 training x 1 node(s) + 2 rollout x 1 node(s)" in names["gpus"].detail
+    assert (
+        "4 visible" in names["gpus"].detail and "2 training x 1 node(s) + 2 rollout x 1 node(s)" in names["gpus"].detail
+    )
     assert "supported by vLLM 0.24.0" in names["model"].detail
     assert budget is not None and budget.training_total < 80 * GIB
 
@@ -132,7 +172,9 @@ def test_each_missing_piece_fails_with_its_fix(tmp_path):
     assert names["attention"].status == pf.FAIL and "ATTN_IMPL=sdpa" in names["attention"].fix
 
     names = _by_name(pf.run_checks(config, MachineProbe(missing={"flash-linear-attention", "causal-conv1d"}))[0])
-    assert names["linear attention"].status == pf.FAIL and "flash-linear-attention==0.5.2" in names["linear attention"].fix
+    assert (
+        names["linear attention"].status == pf.FAIL and "flash-linear-attention==0.5.2" in names["linear attention"].fix
+    )
     assert names["causal conv1d"].status == pf.WARN  # verl falls back to a torch convolution
 
     names = _by_name(pf.run_checks(config, MachineProbe(archs={"Qwen2ForCausalLM"}))[0])
@@ -152,7 +194,10 @@ def test_choose_attention_follows_what_is_installed():
     assert pf.choose_attention("auto", MachineProbe())[:2] == ("flash_attention_2", True)
     assert pf.choose_attention("auto", MachineProbe(missing={"flash-attn"}))[:2] == ("sdpa", False)
     assert pf.choose_attention("sdpa", MachineProbe())[:2] == ("sdpa", False)
-    assert pf.choose_attention("flash_attention_2", MachineProbe(missing={"flash-attn"}))[:2] == ("flash_attention_2", True)
+    assert pf.choose_attention("flash_attention_2", MachineProbe(missing={"flash-attn"}))[:2] == (
+        "flash_attention_2",
+        True,
+    )
 
 
 @pytest.mark.parametrize(
@@ -160,8 +205,16 @@ def test_choose_attention_follows_what_is_installed():
     [
         ({}, 4, 4),  # 2 training + 2 rollout GPUs on one node
         ({"trainer.nnodes": 2, "actor_rollout_ref.rollout.nnodes": 2}, 4, 8),  # both roles on every node
-        ({"trainer.nnodes": 1, "trainer.n_gpus_per_node": 8, "actor_rollout_ref.rollout.nnodes": 1,
-          "actor_rollout_ref.rollout.n_gpus_per_node": 8}, 16, 16),
+        (
+            {
+                "trainer.nnodes": 1,
+                "trainer.n_gpus_per_node": 8,
+                "actor_rollout_ref.rollout.nnodes": 1,
+                "actor_rollout_ref.rollout.n_gpus_per_node": 8,
+            },
+            16,
+            16,
+        ),
         ({"trainer.v1.trainer_mode": "sync", "trainer.nnodes": 2}, 2, 4),  # colocated
     ],
 )
@@ -171,8 +224,15 @@ def test_placement_need(tmp_path, changes, per_node, total):
 
 
 def test_whole_node_split_needs_a_gpu_count_per_node(tmp_path):
-    config = paper_config(tmp_path, **{"trainer.nnodes": 1, "trainer.n_gpus_per_node": 8,
-                                       "actor_rollout_ref.rollout.nnodes": 2, "actor_rollout_ref.rollout.n_gpus_per_node": 8})
+    config = paper_config(
+        tmp_path,
+        **{
+            "trainer.nnodes": 1,
+            "trainer.n_gpus_per_node": 8,
+            "actor_rollout_ref.rollout.nnodes": 2,
+            "actor_rollout_ref.rollout.n_gpus_per_node": 8,
+        },
+    )
     assert pf.placement_need(config).per_node == 8  # training and rollout on different nodes
 
 
@@ -217,8 +277,10 @@ def test_settings_that_fail_later(tmp_path):
     offload = paper_config(tmp_path, **{"actor_rollout_ref.actor.fsdp_config.param_offload": True})
     check = _by_name(pf.run_checks(offload, MachineProbe(free_disk=10**13))[0])["offload"]
     assert check.status == pf.FAIL and "save_model_to_cpu" in check.detail
-    bypass = paper_config(tmp_path, **{"actor_rollout_ref.actor.fsdp_config.param_offload": True,
-                                       "algorithm.rollout_correction.bypass_mode": True})
+    bypass = paper_config(
+        tmp_path,
+        **{"actor_rollout_ref.actor.fsdp_config.param_offload": True, "algorithm.rollout_correction.bypass_mode": True},
+    )
     assert _by_name(pf.run_checks(bypass, MachineProbe(free_disk=10**13))[0])["offload"].status == pf.OK
     caching = paper_config(tmp_path, **{"actor_rollout_ref.rollout.enable_prefix_caching": True})
     assert _by_name(pf.run_checks(caching, MachineProbe(free_disk=10**13))[0])["prefix caching"].status == pf.WARN
@@ -238,14 +300,24 @@ def test_model_folder_problems(tmp_path):
 
 
 def _compose_paper(tmp_path: Path, model: Path) -> dict:
-    return pf.compose_config([
-        "platform=gpu", f"actor_rollout_ref.model.path={model}", "data.train_files=t.parquet", "data.val_files=v.parquet",
-        "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.hybrid_engine=False", "trainer.n_gpus_per_node=2",
-        "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=2",
-        "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", "data.train_batch_size=128",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=32", "trainer.v1.separate_async.parameter_sync_step=4",
-        f"run_dir={tmp_path / 'run'}",
-    ])
+    return pf.compose_config(
+        [
+            "platform=gpu",
+            f"actor_rollout_ref.model.path={model}",
+            "data.train_files=t.parquet",
+            "data.val_files=v.parquet",
+            "trainer.v1.trainer_mode=separate_async",
+            "actor_rollout_ref.hybrid_engine=False",
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=2",
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+            "data.train_batch_size=128",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+            "trainer.v1.separate_async.parameter_sync_step=4",
+            f"run_dir={tmp_path / 'run'}",
+        ]
+    )
 
 
 def test_gpu_profile_sets_verls_qwen3_5_memory_settings(tmp_path):
@@ -273,7 +345,9 @@ def test_real_probe_on_a_cpu_venv_names_what_is_missing(tmp_path):
     if pf.Probe().version("vllm") is None:
         assert names["vllm"].status == pf.FAIL
     if pf.Probe().import_error("cupy"):
-        assert names["weight sync"].status == pf.FAIL and "cupy" in names["weight sync"].detail + names["weight sync"].fix
+        assert (
+            names["weight sync"].status == pf.FAIL and "cupy" in names["weight sync"].detail + names["weight sync"].fix
+        )
 
 
 def _gpu_stack_installed() -> bool:
@@ -296,12 +370,27 @@ def test_gpu_stack_paper_recipe_fails_only_for_missing_gpus(tmp_path):
     data.mkdir()
     for name in ("bird_train", "bird_dev", "spider_dev"):  # the recipe checks that its inputs exist first
         (data / f"{name}.parquet").write_bytes(b"")
-    env = dict(os.environ, PREFLIGHT="only", MODEL_PATH=str(model), OUTPUT_DIR=str(tmp_path / "out"),
-               DATA_DIR=str(data), PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        PREFLIGHT="only",
+        MODEL_PATH=str(model),
+        OUTPUT_DIR=str(tmp_path / "out"),
+        DATA_DIR=str(data),
+        PYTHON=sys.executable,
+        PYTHONUNBUFFERED="1",
+    )
     env.pop("RAY_ADDRESS", None)
-    result = subprocess.run(["bash", str(REPO / "recipes" / "elite_replay_qwen4b.sh")], env=env, cwd=tmp_path,
-                            capture_output=True, text=True, timeout=600)
-    lines = [line for line in result.stderr.splitlines() + result.stdout.splitlines() if line.startswith("[preflight] ")]
+    result = subprocess.run(
+        ["bash", str(REPO / "recipes" / "elite_replay_qwen4b.sh")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [
+        line for line in result.stderr.splitlines() + result.stdout.splitlines() if line.startswith("[preflight] ")
+    ]
     failed = {line.split()[2] for line in lines if line.split()[1:2] == ["FAIL"]}
     shape = ModelShape.from_hf_config(QWEN3_5_4B_CONFIG)
     one = pf.checkpoint_bytes(shape, ["model", "optimizer", "extra", "hf_model"])

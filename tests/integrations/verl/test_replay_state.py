@@ -30,8 +30,9 @@ def saved_state(tmp_path, config=None, step=4):
 
 def test_round_trip_and_free_settings_may_change(tmp_path):
     folder = saved_state(tmp_path)
-    rechunked = ReplayConfig.from_mapping({"strategy": "headroom_drift", "k_rep": 2, "tau": 0.05,
-                                           "scan_chunk_groups": 3, "event_log": "/elsewhere.jsonl"})
+    rechunked = ReplayConfig.from_mapping(
+        {"strategy": "headroom_drift", "k_rep": 2, "tau": 0.05, "scan_chunk_groups": 3, "event_log": "/elsewhere.jsonl"}
+    )
     assert check_state_manifest(folder, step=4, identity=IDENTITY, settings=decision_settings(rechunked))
     manifest = json.loads((folder / STATE_MANIFEST).read_text())
     assert set(manifest["files"]) == {"group_buffer.pt"}
@@ -54,9 +55,14 @@ def test_identity_must_match(tmp_path, key):
     folder = saved_state(tmp_path)
     other = dict(IDENTITY, **{key: "something else"})
     with pytest.raises(ReplayStateError, match=f"saved with {key}="):
-        check_state_manifest(folder, step=4, identity=other,
-                             settings=decision_settings(ReplayConfig.from_mapping({"strategy": "headroom_drift",
-                                                                                    "k_rep": 2, "tau": 0.05})))
+        check_state_manifest(
+            folder,
+            step=4,
+            identity=other,
+            settings=decision_settings(
+                ReplayConfig.from_mapping({"strategy": "headroom_drift", "k_rep": 2, "tau": 0.05})
+            ),
+        )
 
 
 def test_edited_or_torn_files_are_refused(tmp_path):
@@ -78,4 +84,6 @@ def test_states_of_pruned_checkpoints_are_removed(tmp_path):
     shutil.rmtree(tmp_path / "global_step_2" / "actor")  # what verl's max_actor_ckpt_to_keep does
     removed = prune_orphaned_states(tmp_path, "replay", keep_step=6)
     assert removed == [tmp_path / "global_step_2" / "replay"]
-    assert (tmp_path / "global_step_4" / "replay").is_dir() and (tmp_path / "global_step_2" / "data.pt").exists() is False
+    assert (tmp_path / "global_step_4" / "replay").is_dir() and (
+        tmp_path / "global_step_2" / "data.pt"
+    ).exists() is False

@@ -59,7 +59,7 @@ def test_round_trip_keeps_what_a_replayed_row_needs(group_rows):
     assert group.correct.tolist() == [True, False]
     torch.testing.assert_close(group.gen_log_probs, torch.cat([r["old_log_probs"] for r in group_rows]))
     rows = group_to_rows(group, uid="replay-g0-s9", global_steps=9)
-    for original, rebuilt in zip(group_rows, rows):
+    for original, rebuilt in zip(group_rows, rows, strict=True):
         for name in ("prompts", "responses", "input_ids", "position_ids", "response_mask", "loss_mask", "rm_scores"):
             torch.testing.assert_close(rebuilt[name], original[name].to(rebuilt[name].dtype))
         # the anchor replaces the rollout log-probs (IS weight exactly 1 under rollout correction)
@@ -79,7 +79,7 @@ def test_rollout_log_probs_are_not_stored_twice(group_rows):
     group = rows_to_group(group_rows, anchor_field="old_log_probs")
     assert all("rollout_log_probs" not in row for row in group.meta["per_row"])
     assert "rollout_log_probs" not in group.meta["shared"]
-    for row, original in zip(group_to_rows(group, uid="x", global_steps=0), group_rows):
+    for row, original in zip(group_to_rows(group, uid="x", global_steps=0), group_rows, strict=True):
         torch.testing.assert_close(row["rollout_log_probs"], original["old_log_probs"])
 
 
@@ -116,8 +116,10 @@ def test_split_rows_and_key_grouping():
     from tensordict import NonTensorStack, TensorDict
 
     data = TensorDict(
-        {"x": torch.nested.as_nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged),
-         "tag": NonTensorStack("a", "b")},
+        {
+            "x": torch.nested.as_nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged),
+            "tag": NonTensorStack("a", "b"),
+        },
         batch_size=2,
     )
     rows = split_rows(data, 2)
@@ -132,7 +134,7 @@ def test_mrope_position_ids_round_trip_without_a_stored_copy(group_rows):
         row["position_ids"] = torch.arange(row["input_ids"].numel()).expand(4, -1).clone()
     group = rows_to_group(group_rows, anchor_field="old_log_probs")
     assert all("position_ids" not in per_row for per_row in group.meta["per_row"])  # rebuilt, not stored
-    for original, rebuilt in zip(group_rows, group_to_rows(group, uid="x", global_steps=0)):
+    for original, rebuilt in zip(group_rows, group_to_rows(group, uid="x", global_steps=0), strict=True):
         assert rebuilt["position_ids"].shape == original["position_ids"].shape
         torch.testing.assert_close(rebuilt["position_ids"], original["position_ids"])
 
@@ -153,7 +155,7 @@ def test_split_rows_cuts_3d_nested_position_ids():
     nested_positions = torch.nested.as_nested_tensor(per_row, layout=torch.jagged)  # [B, 4, j]
     rows = unbind_rows(nested_positions)
     assert [r.shape for r in rows] == [(4, 3), (4, 5)]
-    assert all(torch.equal(a, b) for a, b in zip(rows, per_row))
+    assert all(torch.equal(a, b) for a, b in zip(rows, per_row, strict=True))
     split = split_rows(TensorDict({"position_ids": nested_positions}, batch_size=2), 2)
     assert torch.equal(split[1]["position_ids"], per_row[1])
 

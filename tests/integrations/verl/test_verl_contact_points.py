@@ -46,8 +46,12 @@ def test_step_runs_rounds_of_step_once_with_local_trigger_step():
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
     source = inspect.getsource(PPOTrainer.step)
-    for needle in ("for trigger_idx in range(self.parameter_sync_step)", "self.local_trigger_step = trigger_idx",
-                   "self._step_once(", "MetricsAggregator()"):
+    for needle in (
+        "for trigger_idx in range(self.parameter_sync_step)",
+        "self.local_trigger_step = trigger_idx",
+        "self._step_once(",
+        "MetricsAggregator()",
+    ):
         assert needle in source, f"verl's PPOTrainer.step no longer has {needle!r}"
 
 
@@ -56,10 +60,16 @@ def test_step_once_stage_order():
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
     source = inspect.getsource(PPOTrainer._step_once)
-    stages = ["self.replay_buffer.sample(", "self._balance_batch(", "self._compute_old_log_prob(",
-              "self._compute_ref_log_prob(", "self._compute_advantage(", "self._update_actor("]
+    stages = [
+        "self.replay_buffer.sample(",
+        "self._balance_batch(",
+        "self._compute_old_log_prob(",
+        "self._compute_ref_log_prob(",
+        "self._compute_advantage(",
+        "self._update_actor(",
+    ]
     positions = [source.find(stage) for stage in stages]
-    assert -1 not in positions and positions == sorted(positions), dict(zip(stages, positions))
+    assert -1 not in positions and positions == sorted(positions), dict(zip(stages, positions, strict=True))
 
 
 def test_fit_saves_after_step_and_clears_after_metrics():
@@ -70,7 +80,7 @@ def test_fit_saves_after_step_and_clears_after_metrics():
     source = inspect.getsource(PPOTrainer.fit)
     order = ["self.step(metrics", "self._save_checkpoint()", "self._compute_metrics(", "tq.kv_clear("]
     positions = [source.find(needle) for needle in order]
-    assert -1 not in positions and positions == sorted(positions), dict(zip(order, positions))
+    assert -1 not in positions and positions == sorted(positions), dict(zip(order, positions, strict=True))
 
 
 def test_private_attributes_we_read():

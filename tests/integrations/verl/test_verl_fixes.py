@@ -80,7 +80,8 @@ def test_canary_verls_own_position_fix_breaks_rows_of_one_length():
 
     source = Path(importlib.util.find_spec("verl.utils.tensordict_utils").origin).read_text()
     assert 'data["position_ids"]._ragged_idx = 2' in source, (
-        "verl changed maybe_fix_3d_position_ids: check whether verl_fixes still needs to replace it")
+        "verl changed maybe_fix_3d_position_ids: check whether verl_fixes still needs to replace it"
+    )
     _, positions = _positions((38,) * 8, leading_ragged=True)
     positions._ragged_idx = 2  # what verl's version does
     with pytest.raises(RuntimeError, match="split_with_sizes"):

@@ -40,7 +40,9 @@ def test_without_the_patch_transformers_cannot_build_the_processor(model_dir):
     processor without torchvision by itself and the patch can go."""
     code = "import sys; from transformers import AutoProcessor; AutoProcessor.from_pretrained(sys.argv[1])"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, env=env, timeout=180)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, env=env, timeout=180
+    )
     assert result.returncode != 0 and "torchvision" in result.stderr.lower()
 
 
@@ -71,6 +73,8 @@ def test_every_verl_process_in_cpu_mode_can_load_it(model_dir):
         "print(type(AutoProcessor.from_pretrained(sys.argv[1])).__name__)"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "VERL_PLATFORM": "cpu"}
-    result = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, env=env, timeout=180)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, env=env, timeout=180
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "Qwen3VLProcessor"

@@ -30,7 +30,7 @@ from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
 from verl_replay.elite.losses import per_row_mean_nll
-from verl_replay.integrations.verl.rows import REPLAY_GROUP_FIELD, REPLAY_SOURCE_FIELD, SOURCE_ELITE, SOURCE_FRESH
+from verl_replay.integrations.verl.rows import REPLAY_GROUP_FIELD, REPLAY_SOURCE_FIELD, SOURCE_ELITE
 
 ELITE_ROWS_FIELD = "elite_rows_global"
 OPTIMIZER_STEP_FIELD = "replay_optimizer_step"
@@ -53,8 +53,9 @@ def _padded_response_mask(data: Any) -> torch.Tensor:
     return mask
 
 
-def replay_nll_term(log_prob: torch.Tensor, response_mask: torch.Tensor, is_elite: torch.Tensor,
-                    elite_rows_global: int, dp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def replay_nll_term(
+    log_prob: torch.Tensor, response_mask: torch.Tensor, is_elite: torch.Tensor, elite_rows_global: int, dp_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """This micro-batch's share of ``L_replay`` and the per-row NLL of its elite rows.
 
     ``log_prob``/``response_mask``: ``[B, T]``; ``is_elite``: ``[B]`` bool. The share is
@@ -69,7 +70,9 @@ def replay_nll_term(log_prob: torch.Tensor, response_mask: torch.Tensor, is_elit
 class ReplayActorLoss:
     """Picklable loss callable: ``loss(model_output=..., data=..., dp_group=...)``."""
 
-    def __init__(self, actor_config: Any, *, elite: bool = False, mu: float = 0.0, audit_dir: Optional[str] = None) -> None:
+    def __init__(
+        self, actor_config: Any, *, elite: bool = False, mu: float = 0.0, audit_dir: Optional[str] = None
+    ) -> None:
         if not 0.0 <= mu <= 1.0:
             raise ValueError(f"replay.elite.mu must be in [0, 1], got {mu}")
         if elite and actor_config.loss_agg_mode != "token-mean":
@@ -116,22 +119,36 @@ class ReplayActorLoss:
         log_prob = no_padding_2_padding(model_output["log_probs"], data)  # [B, T]
         response_mask = _padded_response_mask(data).to(log_prob.device)  # [B, T]
         elite_rows = int(data[ELITE_ROWS_FIELD]) if ELITE_ROWS_FIELD in data.keys() else 0
-        replay_term, row_nll = replay_nll_term(log_prob, response_mask, is_elite.to(log_prob.device),
-                                               elite_rows, int(data["dp_size"]))
+        replay_term, row_nll = replay_nll_term(
+            log_prob, response_mask, is_elite.to(log_prob.device), elite_rows, int(data["dp_size"])
+        )
         loss = (1.0 - self.mu) * grpo_loss + self.mu * replay_term
         # Like verl's pg_loss metric: summed over micro-batches and averaged over ranks (each share
         # carries the dp_size factor), the value is the mini-batch's L_replay. Emitted for every
         # micro-batch, elite rows or not, so every rank reports the same number of values.
         metrics["replay/elite/nll"] = Metric(value=replay_term.detach(), aggregation=AggregationType.SUM)
-        metrics["replay/elite/loss_share"] = Metric(value=self.mu * replay_term.detach(), aggregation=AggregationType.SUM)
-        self._audit(data, source, row_nll, loss, {"grpo_loss": grpo_loss, "replay_term": replay_term,
-                                                   "elite_rows_global": elite_rows, "mu": self.mu})
+        metrics["replay/elite/loss_share"] = Metric(
+            value=self.mu * replay_term.detach(), aggregation=AggregationType.SUM
+        )
+        self._audit(
+            data,
+            source,
+            row_nll,
+            loss,
+            {"grpo_loss": grpo_loss, "replay_term": replay_term, "elite_rows_global": elite_rows, "mu": self.mu},
+        )
         return loss, metrics
 
     # ------------------------------------------------------------------ audit
 
-    def _audit(self, data: Any, source: torch.Tensor, row_nll: Optional[torch.Tensor], loss: torch.Tensor,
-               terms: Optional[dict]) -> None:
+    def _audit(
+        self,
+        data: Any,
+        source: torch.Tensor,
+        row_nll: Optional[torch.Tensor],
+        loss: torch.Tensor,
+        terms: Optional[dict],
+    ) -> None:
         """Record every row of this micro-batch as the update saw it (fresh rows too: they are the
         independent record of what a group carried when it was generated)."""
         if self.audit_dir is None:

@@ -98,8 +98,14 @@ class StepFollower:
     """Reads ``metrics.jsonl`` as verl's file logger appends to it; calls ``on_step(step, data)``
     once per new complete line, from a background thread (``start`` / ``stop``)."""
 
-    def __init__(self, path: Path, on_step: Callable[[int, dict[str, Any]], None], *,
-                 interval_s: float = 0.5, on_idle: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        on_step: Callable[[int, dict[str, Any]], None],
+        *,
+        interval_s: float = 0.5,
+        on_idle: Optional[Callable[[], None]] = None,
+    ) -> None:
         self.path = Path(path)
         self.on_step = on_step
         self.on_idle = on_idle

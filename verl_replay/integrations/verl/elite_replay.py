@@ -75,7 +75,9 @@ def check_archive_dataset(manifest: Mapping[str, Any], train_files: Sequence[str
 def preflight_archive(config: ReplayConfig, *, tokenizer: Any, train_files: Sequence[str]) -> None:
     """The start-up checks of the archive (integrity, tokenizer, dataset, not empty), run in the
     driver before Ray starts so a wrong archive fails in seconds."""
-    archive = load_frozen_archive(config.elite.archive, expected_tokenizer_fingerprint=hf_tokenizer_fingerprint(tokenizer))
+    archive = load_frozen_archive(
+        config.elite.archive, expected_tokenizer_fingerprint=hf_tokenizer_fingerprint(tokenizer)
+    )
     check_archive_dataset(archive.manifest or {}, train_files, config.elite.archive)
 
 
@@ -88,9 +90,17 @@ def _leading_shape(positions: Any) -> tuple[int, ...]:
 class EliteReplayStream(ReplayStream):
     """Owns the frozen archive and its sampler; writes elite rows into every global step."""
 
-    def __init__(self, config: ReplayConfig, *, tokenizer: Any, train_files: Sequence[str],
-                 max_prompt_length: int, max_response_length: int, chat_template_kwargs: Optional[dict] = None,
-                 has_rollout_log_probs: bool = True) -> None:
+    def __init__(
+        self,
+        config: ReplayConfig,
+        *,
+        tokenizer: Any,
+        train_files: Sequence[str],
+        max_prompt_length: int,
+        max_response_length: int,
+        chat_template_kwargs: Optional[dict] = None,
+        has_rollout_log_probs: bool = True,
+    ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
@@ -112,8 +122,11 @@ class EliteReplayStream(ReplayStream):
             )
         self.skipped_too_long = len(archive.entries) - len(fitting)
         if self.skipped_too_long:
-            logger.warning("%s: %d archive entries exceed the run's length limits and are not replayed",
-                           path, self.skipped_too_long)
+            logger.warning(
+                "%s: %d archive entries exceed the run's length limits and are not replayed",
+                path,
+                self.skipped_too_long,
+            )
         self.archive: FrozenArchive = FrozenArchive(fitting, manifest=archive.manifest)
         sampler_cls = IIDSampler if config.elite_sampler == "iid" else BalancedSampler
         self.sampler = sampler_cls(self.archive, seed=config.elite.seed)
@@ -196,13 +209,19 @@ class EliteReplayStream(ReplayStream):
             rows.append(row)
         if rows:
             check_row_fields(rows, template, source="EliteReplay archive")
-            tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags)
+            tq.kv_batch_put(
+                keys=keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags
+            )
         self._keys = keys
         self._lengths = [int(row["responses"].numel()) for row in rows]
         self._stats["examples"] += float(len(rows))
         self._stats["tokens"] += float(sum(int(r["responses"].numel()) for r in rows))
-        merged = KVBatchMeta(keys=list(batch.keys) + keys, tags=list(batch.tags) + tags,
-                             partition_id=batch.partition_id, extra_info=batch.extra_info)
+        merged = KVBatchMeta(
+            keys=list(batch.keys) + keys,
+            tags=list(batch.tags) + tags,
+            partition_id=batch.partition_id,
+            extra_info=batch.extra_info,
+        )
         return merged, 0, len(rows)
 
     @property
@@ -216,16 +235,24 @@ class EliteReplayStream(ReplayStream):
         if not self._keys or not self._has_rollout_log_probs or not forwarded:
             return
         data = tq.kv_batch_get(keys=self._keys, partition_id=partition_id, select_fields=["old_log_probs"])
-        tq.kv_batch_put(keys=self._keys, partition_id=partition_id,
-                        fields=TensorDict({"rollout_log_probs": data["old_log_probs"]}, batch_size=len(self._keys)))
+        tq.kv_batch_put(
+            keys=self._keys,
+            partition_id=partition_id,
+            fields=TensorDict({"rollout_log_probs": data["old_log_probs"]}, batch_size=len(self._keys)),
+        )
 
     def after_advantages(self, partition_id: str) -> None:
         if not self._keys:
             return
         zeros = [torch.zeros(length, dtype=torch.float32) for length in self._lengths]
         nested = torch.nested.as_nested_tensor(zeros, layout=torch.jagged)
-        fields = {"advantages": nested, "returns": torch.nested.as_nested_tensor([z.clone() for z in zeros], layout=torch.jagged)}
-        tq.kv_batch_put(keys=self._keys, partition_id=partition_id, fields=TensorDict(fields, batch_size=len(self._keys)))
+        fields = {
+            "advantages": nested,
+            "returns": torch.nested.as_nested_tensor([z.clone() for z in zeros], layout=torch.jagged),
+        }
+        tq.kv_batch_put(
+            keys=self._keys, partition_id=partition_id, fields=TensorDict(fields, batch_size=len(self._keys))
+        )
 
     def end_round(self) -> None:
         self._keys, self._lengths = [], []

@@ -41,8 +41,8 @@ from verl_replay.headroom_drift.buffer import (
 )
 from verl_replay.headroom_drift.events import ReplayEventLog
 from verl_replay.integrations.verl.rows import (
-    REPLAY_GROUP_FIELD,
     REF_LOG_PROBS_META,
+    REPLAY_GROUP_FIELD,
     REPLAY_SOURCE_FIELD,
     SOURCE_GROUP_REPLAY,
     GroupNotReplayable,
@@ -72,8 +72,9 @@ def nested(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def build_buffer(config: ReplayConfig) -> HeadroomDriftBuffer | NaiveReplayBuffer:
     if config.strategy == "naive":
-        return NaiveReplayBuffer(capacity=config.capacity, k_rep=config.k_rep, ingress=config.ingress,
-                                 weighting=config.weighting)
+        return NaiveReplayBuffer(
+            capacity=config.capacity, k_rep=config.k_rep, ingress=config.ingress, weighting=config.weighting
+        )
     return HeadroomDriftBuffer(
         capacity=config.capacity,
         k_rep=config.k_rep,
@@ -122,7 +123,9 @@ class PolicyScorer:
                 extra_info={"temperature": self.temperature, "calculate_entropy": False, "compute_loss": False},
             )
             self.compute_log_prob(meta)
-            data = tq.kv_batch_get(keys=keys[:real], partition_id=SCAN_PARTITION, select_fields=["log_probs", "response_mask"])
+            data = tq.kv_batch_get(
+                keys=keys[:real], partition_id=SCAN_PARTITION, select_fields=["log_probs", "response_mask"]
+            )
             per_row = response_from_nested(data["log_probs"], data["response_mask"]).unbind(0)
         finally:
             tq.kv_clear(keys=keys, partition_id=SCAN_PARTITION)
@@ -218,13 +221,22 @@ class GroupReplayStream(ReplayStream):
                 row[REPLAY_GROUP_FIELD] = torch.tensor(group.group_id, dtype=torch.int64)
                 key = row_key(uid, index)
                 keys.append(key)
-                tags.append(row_tag(row, global_steps=self._step, replay_source=SOURCE_GROUP_REPLAY,
-                                    replay_group_id=group.group_id, birth_step=group.birth_step))
+                tags.append(
+                    row_tag(
+                        row,
+                        global_steps=self._step,
+                        replay_source=SOURCE_GROUP_REPLAY,
+                        replay_group_id=group.group_id,
+                        birth_step=group.birth_step,
+                    )
+                )
                 rows.append(row)
                 self._replayed[key] = (group, index)
         if rows:
             check_row_fields(rows, template, source="replayed group")
-            tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags)
+            tq.kv_batch_put(
+                keys=keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags
+            )
         self._stats["inject_seconds"] += time.perf_counter() - start
         self._stats["replay_rows"] += float(len(rows))
         merged = KVBatchMeta(
@@ -260,6 +272,7 @@ class GroupReplayStream(ReplayStream):
         """Replayed rows: the reference log-probs stored at ingress (the reference model is frozen)."""
         if not self._replayed:
             return
+
         def stored_reference(group: ReplayGroup) -> torch.Tensor:
             stored = group.meta.get(REF_LOG_PROBS_META)
             if stored is None:
@@ -271,8 +284,11 @@ class GroupReplayStream(ReplayStream):
 
         refs = self._per_row(stored_reference)
         keys = list(self._replayed)
-        tq.kv_batch_put(keys=keys, partition_id=partition_id,
-                        fields=TensorDict({"ref_log_prob": nested(refs)}, batch_size=len(keys)))
+        tq.kv_batch_put(
+            keys=keys,
+            partition_id=partition_id,
+            fields=TensorDict({"ref_log_prob": nested(refs)}, batch_size=len(keys)),
+        )
 
     def after_advantages(self, partition_id: str) -> None:
         """Replayed rows: token-level advantages/returns are the stored A_i on valid tokens."""
@@ -281,8 +297,10 @@ class GroupReplayStream(ReplayStream):
         keys = list(self._replayed)
         masks = self._per_row(lambda group: group.response_mask)
         advantages = {id(group): group.advantages for group, _ in self._replayed.values()}
-        values = [mask.float() * advantages[id(group)][index]
-                  for mask, (group, index) in zip(masks, self._replayed.values(), strict=True)]
+        values = [
+            mask.float() * advantages[id(group)][index]
+            for mask, (group, index) in zip(masks, self._replayed.values(), strict=True)
+        ]
         fields = {"advantages": nested(values), "returns": nested([v.clone() for v in values])}
         tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=TensorDict(fields, batch_size=len(keys)))
 
@@ -324,8 +342,10 @@ class GroupReplayStream(ReplayStream):
         """
         if not keys:
             return [], 0
-        decision = split_rows(tq.kv_batch_get(keys=keys, partition_id=partition_id,
-                                              select_fields=list(INGRESS_DECISION_FIELDS)), len(keys))
+        decision = split_rows(
+            tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=list(INGRESS_DECISION_FIELDS)),
+            len(keys),
+        )
         skipped = 0
         chosen: list[tuple[tuple, list[int]]] = []
         for uid, members in group_keys_by_uid(keys).items():
@@ -340,15 +360,20 @@ class GroupReplayStream(ReplayStream):
             chosen.append(((prompt, tuple(responses), uid), positions))
         chosen.sort(key=lambda item: item[0])  # a group is a set of responses: order carries no meaning
         full_keys = [keys[p] for _, positions in chosen for p in positions]
-        full = split_rows(tq.kv_batch_get(keys=full_keys, partition_id=partition_id), len(full_keys)) if full_keys else []
+        full = (
+            split_rows(tq.kv_batch_get(keys=full_keys, partition_id=partition_id), len(full_keys)) if full_keys else []
+        )
         groups, start = [], 0
-        for (group_key, positions) in chosen:
+        for group_key, positions in chosen:
             members = full[start : start + len(positions)]
             start += len(positions)
             members.sort(key=lambda row: tensor_bytes(row["responses"]))
             try:
-                groups.append(rows_to_group(members, anchor_field=self.anchor_field,
-                                            require_acc=self.config.ingress == "answer_disagree"))
+                groups.append(
+                    rows_to_group(
+                        members, anchor_field=self.anchor_field, require_acc=self.config.ingress == "answer_disagree"
+                    )
+                )
             except GroupNotReplayable as reason:
                 logger.info("group %s not replayable: %s", group_key[-1], reason)
                 skipped += 1
@@ -357,8 +382,12 @@ class GroupReplayStream(ReplayStream):
     def _passes_ingress(self, rows: list[dict[str, Any]]) -> bool:
         """SPEC 1.4 on the decision fields: disagreeing answers (or a non-zero advantage), never a
         group whose advantages are all zero."""
-        advantages = [float(torch.as_tensor(r["advantages"]).float().abs().max()) if torch.as_tensor(r["advantages"]).numel() else 0.0
-                      for r in rows]
+        advantages = [
+            float(torch.as_tensor(r["advantages"]).float().abs().max())
+            if torch.as_tensor(r["advantages"]).numel()
+            else 0.0
+            for r in rows
+        ]
         if not any(a > 0 for a in advantages):
             return False
         if self.config.ingress != "answer_disagree":

@@ -10,7 +10,8 @@ Numerics: the server holds the class verl's actor trains (for Qwen3.5 the vision
 ``Qwen3_5ForConditionalGeneration``; text prompts get M-RoPE positions t = h = w = token index,
 as verl's agent loop computes them for the actor), and the returned per-token log-probs are
 ``log_softmax(logits / temperature)`` of the sampled token, the quantity verl's actor recomputes
-as ``old_log_probs``, so rollout-vs-actor log-prob differences only measure the engines' numerics. Sampling is seeded per request from
+as ``old_log_probs``, so rollout-vs-actor log-prob differences only measure the engines' numerics.
+Sampling is seeded per request from
 ``(seed, weight version, prompt ids, occurrence of that prompt)`` so a run is reproducible
 whatever order concurrent requests arrive in.
 """
@@ -27,7 +28,6 @@ from typing import Any, AsyncIterator, Iterable, Optional
 
 import ray
 import torch
-
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
@@ -104,7 +104,9 @@ def concurrent_sequences(config: Any) -> int:
     if value is None:
         return DEFAULT_MAX_NUM_SEQS
     if int(value) < 1:
-        raise ValueError(f"actor_rollout_ref.rollout.max_num_seqs={value}: the hf rollout needs >= 1 sequence per batch")
+        raise ValueError(
+            f"actor_rollout_ref.rollout.max_num_seqs={value}: the hf rollout needs >= 1 sequence per batch"
+        )
     return int(value)
 
 
@@ -144,7 +146,9 @@ class HFRolloutServer:
         # Qwen3_5ForConditionalGeneration, not the text-only class AutoModelForCausalLM picks),
         # so weight names match the actor's and log-probs come from the same modules.
         model_cls = get_hf_auto_model_class(hf_config=model_config.hf_config)
-        self.model = model_cls.from_pretrained(model_config.local_path, dtype=torch.float32, attn_implementation=attn_impl)
+        self.model = model_cls.from_pretrained(
+            model_config.local_path, dtype=torch.float32, attn_implementation=attn_impl
+        )
         self.model.eval()
         tokenizer = model_config.tokenizer
         self.model_config_tokenizer = tokenizer
@@ -390,7 +394,9 @@ class HFServerAdapter(BaseRollout):
         self, weights: Any, global_steps: Optional[int] = None, wire_format: str = "named_tensors", **kwargs: Any
     ) -> None:
         if wire_format != "named_tensors":
-            raise ValueError(f"hf rollout receives full tensors only (wire_format='named_tensors'), got {wire_format!r}")
+            raise ValueError(
+                f"hf rollout receives full tensors only (wire_format='named_tensors'), got {wire_format!r}"
+            )
         if kwargs.get("peft_config") is not None:
             raise ValueError("hf rollout does not take LoRA adapters; set actor_rollout_ref.model.lora.merge=True")
         state_dict: dict[str, torch.Tensor] = {}

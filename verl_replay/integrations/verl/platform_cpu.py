@@ -44,7 +44,13 @@ def _build_device_module() -> ModuleType:
 
     for name in ("memory_reserved", "memory_allocated", "max_memory_reserved", "max_memory_allocated"):
         setattr(module, name, zero)
-    for name in ("empty_cache", "ipc_collect", "reset_peak_memory_stats", "set_per_process_memory_fraction", "set_device"):
+    for name in (
+        "empty_cache",
+        "ipc_collect",
+        "reset_peak_memory_stats",
+        "set_per_process_memory_fraction",
+        "set_device",
+    ):
         setattr(module, name, nothing)
     module.current_device = lambda: "cpu"
     module.device_count = lambda: 1

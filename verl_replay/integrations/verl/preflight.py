@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_replay.memory_budget import QWEN3_5_4B_CONFIG, GIB, MemoryBudget, ModelShape, RunSizes, estimate
+from verl_replay.memory_budget import GIB, QWEN3_5_4B_CONFIG, MemoryBudget, ModelShape, RunSizes, estimate
 
 __all__ = [
     "ATTN_FLASH",
@@ -209,7 +209,9 @@ class PlacementNeed:
     describe: str
 
 
-def placement_need(config: Mapping[str, Any], stages: Sequence[str] = ("train",), generation_gpus: int = 1) -> PlacementNeed:
+def placement_need(
+    config: Mapping[str, Any], stages: Sequence[str] = ("train",), generation_gpus: int = 1
+) -> PlacementNeed:
     """GPUs the training placement needs (or ``generation_gpus`` for search / eval only)."""
     if "train" not in stages:
         return PlacementNeed(generation_gpus, generation_gpus, f"{generation_gpus} for {'/'.join(stages)} (vLLM TP)")
@@ -239,11 +241,14 @@ def run_sizes(config: Mapping[str, Any], gpu_memory_gib: float = 80.0, fused_cro
     ppo_tokens = int(config_value(config, f"{actor}.ppo_max_token_len_per_gpu", 16384))
     log_prob_tokens = int(config_value(config, f"{rollout}.log_prob_max_token_len_per_gpu", ppo_tokens))
     return RunSizes(
-        train_gpus=int(config_value(config, "trainer.nnodes", 1)) * int(config_value(config, "trainer.n_gpus_per_node", 1)),
+        train_gpus=int(config_value(config, "trainer.nnodes", 1))
+        * int(config_value(config, "trainer.n_gpus_per_node", 1)),
         ppo_max_token_len_per_gpu=ppo_tokens,
         log_prob_max_token_len_per_gpu=log_prob_tokens,
         max_model_len=max_model_len,
-        gradient_checkpointing=bool(config_value(config, "actor_rollout_ref.model.enable_gradient_checkpointing", False)),
+        gradient_checkpointing=bool(
+            config_value(config, "actor_rollout_ref.model.enable_gradient_checkpointing", False)
+        ),
         param_offload=bool(config_value(config, f"{actor}.fsdp_config.param_offload", False)),
         optimizer_offload=bool(config_value(config, f"{actor}.fsdp_config.optimizer_offload", False)),
         entropy_chunking=bool(config_value(config, f"{actor}.entropy_from_logits_with_chunking", False)),
@@ -284,7 +289,12 @@ def _check_python(_: Mapping[str, Any], __: Probe) -> Check:
     (low, high) = PYTHON_RANGE
     if low <= version <= high:
         return Check("python", OK, "{}.{}".format(*version))
-    return Check("python", FAIL, "{}.{} is outside 3.10-3.12".format(*version), "use Python 3.10, 3.11 or 3.12 (verl 0.9.1's range)")
+    return Check(
+        "python",
+        FAIL,
+        "{}.{} is outside 3.10-3.12".format(*version),
+        "use Python 3.10, 3.11 or 3.12 (verl 0.9.1's range)",
+    )
 
 
 def _check_torch(config: Mapping[str, Any], probe: Probe) -> Check:
@@ -295,7 +305,12 @@ def _check_torch(config: Mapping[str, Any], probe: Probe) -> Check:
         return Check("torch", OK, f"{version} (trainer.device=cpu)")
     cuda = probe.torch_cuda()
     if cuda is None:
-        return Check("torch", FAIL, f"{version} is a CPU build but trainer.device=cuda", f"install the GPU stack in a fresh venv: {INSTALL_GPU}")
+        return Check(
+            "torch",
+            FAIL,
+            f"{version} is a CPU build but trainer.device=cuda",
+            f"install the GPU stack in a fresh venv: {INSTALL_GPU}",
+        )
     return Check("torch", OK, f"{version}, CUDA {cuda}")
 
 
@@ -308,9 +323,13 @@ def _check_vllm(config: Mapping[str, Any], probe: Probe) -> Check:
         return Check("vllm", FAIL, "not installed (actor_rollout_ref.rollout.name=vllm)", INSTALL_GPU)
     error = probe.import_error("vllm")
     if error:
-        return Check("vllm", FAIL, f"{version} does not import: {error[:160]}", f"reinstall the GPU stack: {INSTALL_GPU}")
+        return Check(
+            "vllm", FAIL, f"{version} does not import: {error[:160]}", f"reinstall the GPU stack: {INSTALL_GPU}"
+        )
     if version.split("+")[0] != VLLM_VERSION:
-        return Check("vllm", WARN, f"{version}, verl 0.9.1 is tested with {VLLM_VERSION}", f"pip install vllm=={VLLM_VERSION}")
+        return Check(
+            "vllm", WARN, f"{version}, verl 0.9.1 is tested with {VLLM_VERSION}", f"pip install vllm=={VLLM_VERSION}"
+        )
     return Check("vllm", OK, version)
 
 
@@ -320,15 +339,30 @@ def _check_weight_sync(config: Mapping[str, Any], probe: Probe) -> Check:
     custom = config_value(config, f"{engine}.custom_backend_module")
     separate = config_value(config, "trainer.v1.trainer_mode", "sync") == "separate_async"
     if separate and backend == "naive":
-        return Check("weight sync", FAIL, "separate_async with checkpoint_engine.backend=naive (colocated only)",
-                     f"set {engine}.backend=nccl")
+        return Check(
+            "weight sync",
+            FAIL,
+            "separate_async with checkpoint_engine.backend=naive (colocated only)",
+            f"set {engine}.backend=nccl",
+        )
     error = probe.checkpoint_engine_error(backend, custom)
     if error:
-        fix = f"pip install {'cupy-cuda13x==14.0.1'} (verl's nccl engine imports cupy)" if backend in ("nccl", "nixl") else (
-            f"make {engine}.custom_backend_module register '{backend}'" if custom else f"choose a registered {engine}.backend")
+        fix = (
+            f"pip install {'cupy-cuda13x==14.0.1'} (verl's nccl engine imports cupy)"
+            if backend in ("nccl", "nixl")
+            else (
+                f"make {engine}.custom_backend_module register '{backend}'"
+                if custom
+                else f"choose a registered {engine}.backend"
+            )
+        )
         return Check("weight sync", FAIL, f"checkpoint engine '{backend}' is not registered: {error[:220]}", fix)
     where = f" from {custom}" if custom else ""
-    return Check("weight sync", OK, f"checkpoint engine '{backend}'{where} registered" + (" (separate_async)" if separate else ""))
+    return Check(
+        "weight sync",
+        OK,
+        f"checkpoint engine '{backend}'{where} registered" + (" (separate_async)" if separate else ""),
+    )
 
 
 def _check_attention(config: Mapping[str, Any], probe: Probe) -> Check:
@@ -337,19 +371,34 @@ def _check_attention(config: Mapping[str, Any], probe: Probe) -> Check:
     if impl in ATTN_FLASH:
         error = probe.import_error("flash_attn")
         if error:
-            return Check("attention", FAIL, f"attn_implementation={impl} but flash-attn does not import ({error[:120]})",
-                         f"{INSTALL_KERNELS}, or run with sdpa (recipes: ATTN_IMPL=sdpa; by hand: "
-                         "actor_rollout_ref.model.override_config.attn_implementation=sdpa actor_rollout_ref.model.use_remove_padding=False)")
+            return Check(
+                "attention",
+                FAIL,
+                f"attn_implementation={impl} but flash-attn does not import ({error[:120]})",
+                f"{INSTALL_KERNELS}, or run with sdpa (recipes: ATTN_IMPL=sdpa; by hand: "
+                "actor_rollout_ref.model.override_config.attn_implementation=sdpa "
+                "actor_rollout_ref.model.use_remove_padding=False)",
+            )
         version = probe.version("flash-attn")
         detail = f"{impl}, flash-attn {version}" + (", padding-free packing" if packed else "")
         if version and version.split("+")[0] != FLASH_ATTN_VERSION:
             return Check("attention", WARN, detail + f" (pinned: {FLASH_ATTN_VERSION})", f"{INSTALL_KERNELS}")
         return Check("attention", OK, detail)
     if packed and config_value(config, "trainer.device", "cuda") != "cpu":
-        return Check("attention", FAIL, f"attn_implementation={impl} with use_remove_padding=True: verl packs sequences for flash attention only",
-                     "set actor_rollout_ref.model.use_remove_padding=False (or install flash-attn)")
-    padded = (", padded micro-batches (each padded to its longest sequence: slower, and more memory than "
-              "the packed estimate below when short and long sequences share one)") if not packed else ""
+        return Check(
+            "attention",
+            FAIL,
+            f"attn_implementation={impl} with use_remove_padding=True: verl packs sequences for flash attention only",
+            "set actor_rollout_ref.model.use_remove_padding=False (or install flash-attn)",
+        )
+    padded = (
+        (
+            ", padded micro-batches (each padded to its longest sequence: slower, and more memory than "
+            "the packed estimate below when short and long sequences share one)"
+        )
+        if not packed
+        else ""
+    )
     return Check("attention", OK, f"{impl}{padded}")
 
 
@@ -363,14 +412,34 @@ def _check_linear_attention(config: Mapping[str, Any], probe: Probe, shape: Mode
     checks = []
     error = probe.import_error("fla.ops.gated_delta_rule")
     if error:
-        checks.append(Check("linear attention", FAIL, f"{shape.linear_attention_layers} Gated DeltaNet layers but flash-linear-attention does not import ({error[:100]})",
-                            f"pip install flash-linear-attention=={FLA_VERSION} (in the gpu extra)"))
+        checks.append(
+            Check(
+                "linear attention",
+                FAIL,
+                f"{shape.linear_attention_layers} Gated DeltaNet layers but flash-linear-attention does not import "
+                f"({error[:100]})",
+                f"pip install flash-linear-attention=={FLA_VERSION} (in the gpu extra)",
+            )
+        )
     else:
-        checks.append(Check("linear attention", OK, f"flash-linear-attention {probe.version('flash-linear-attention')} for {shape.linear_attention_layers} Gated DeltaNet layers"))
+        checks.append(
+            Check(
+                "linear attention",
+                OK,
+                f"flash-linear-attention {probe.version('flash-linear-attention')} "
+                f"for {shape.linear_attention_layers} Gated DeltaNet layers",
+            )
+        )
     error = probe.import_error("causal_conv1d")
     if error:
-        checks.append(Check("causal conv1d", WARN, "causal-conv1d not installed: verl runs the short convolution per packed sequence in torch (slower)",
-                            INSTALL_KERNELS))
+        checks.append(
+            Check(
+                "causal conv1d",
+                WARN,
+                "causal-conv1d not installed: verl runs the short convolution per packed sequence in torch (slower)",
+                INSTALL_KERNELS,
+            )
+        )
     else:
         checks.append(Check("causal conv1d", OK, f"causal-conv1d {probe.version('causal-conv1d')}"))
     return checks
@@ -381,16 +450,51 @@ def _model_shape(config: Mapping[str, Any], probe: Probe) -> tuple[Check, ModelS
     try:
         hf_config = probe.read_model_config(path)
     except (OSError, ValueError) as exc:
-        return Check("model", FAIL, f"{path}: config.json unreadable ({exc})", "point MODEL_PATH / actor_rollout_ref.model.path at a Hugging Face model folder"), None, None
+        return (
+            Check(
+                "model",
+                FAIL,
+                f"{path}: config.json unreadable ({exc})",
+                "point MODEL_PATH / actor_rollout_ref.model.path at a Hugging Face model folder",
+            ),
+            None,
+            None,
+        )
     if hf_config is None:
         if "/" in path and not path.startswith((".", "/", "~")):
-            return Check("model", WARN, f"{path} is not a local folder: treated as a hub id, architecture not checked",
-                         "download it first (hf download ... --local-dir) and use the folder"), None, None
-        return Check("model", FAIL, f"model folder not found: {path}", "set MODEL_PATH (recipes) / actor_rollout_ref.model.path"), None, None
+            return (
+                Check(
+                    "model",
+                    WARN,
+                    f"{path} is not a local folder: treated as a hub id, architecture not checked",
+                    "download it first (hf download ... --local-dir) and use the folder",
+                ),
+                None,
+                None,
+            )
+        return (
+            Check(
+                "model",
+                FAIL,
+                f"model folder not found: {path}",
+                "set MODEL_PATH (recipes) / actor_rollout_ref.model.path",
+            ),
+            None,
+            None,
+        )
     try:
         shape = ModelShape.from_hf_config(hf_config)
     except (KeyError, ValueError, TypeError) as exc:
-        return Check("model", FAIL, f"{path}/config.json: cannot read the model's sizes ({exc})", "use a Hugging Face model folder"), None, hf_config
+        return (
+            Check(
+                "model",
+                FAIL,
+                f"{path}/config.json: cannot read the model's sizes ({exc})",
+                "use a Hugging Face model folder",
+            ),
+            None,
+            hf_config,
+        )
     size = f"{shape.total_params / 1e9:.2f}B" if shape.total_params >= 1e8 else f"{shape.total_params / 1e6:.2f}M"
     return Check("model", OK, f"{', '.join(shape.architectures) or '?'} ({size} parameters)"), shape, hf_config
 
@@ -403,8 +507,12 @@ def _check_model_arch(config: Mapping[str, Any], probe: Probe, base: Check, shap
     supported = probe.vllm_architectures()
     missing = [a for a in shape.architectures if a not in supported]
     if missing or not shape.architectures:
-        return Check("model", FAIL, f"architecture {missing or '(none in config.json)'} is not registered by vLLM {probe.version('vllm')}",
-                     "use a model vLLM supports (vllm.ModelRegistry.get_supported_archs()) or another vLLM")
+        return Check(
+            "model",
+            FAIL,
+            f"architecture {missing or '(none in config.json)'} is not registered by vLLM {probe.version('vllm')}",
+            "use a model vLLM supports (vllm.ModelRegistry.get_supported_archs()) or another vLLM",
+        )
     return Check("model", OK, base.detail + f", supported by vLLM {probe.version('vllm')}")
 
 
@@ -412,44 +520,77 @@ def _check_gpus(config: Mapping[str, Any], probe: Probe, need: PlacementNeed) ->
     if config_value(config, "trainer.device", "cuda") == "cpu":
         return Check("gpus", SKIP, "trainer.device=cpu"), []
     if probe.torch_cuda() is None:
-        return Check("gpus", FAIL, f"0 visible (torch is a CPU build); the placement needs {need.total}: {need.describe}",
-                     f"run on a GPU host with the GPU stack ({INSTALL_GPU})"), []
+        return Check(
+            "gpus",
+            FAIL,
+            f"0 visible (torch is a CPU build); the placement needs {need.total}: {need.describe}",
+            f"run on a GPU host with the GPU stack ({INSTALL_GPU})",
+        ), []
     cluster = probe.ray_cluster_gpus()
     gpus = probe.gpus()
     if cluster is not None:
         ok = cluster >= need.total
-        return Check("gpus", OK if ok else FAIL, f"Ray cluster at RAY_ADDRESS has {cluster:g} GPUs; the placement needs {need.total}: {need.describe}",
-                     "" if ok else "add nodes to the cluster or lower NNODES / TRAIN_GPUS / ROLLOUT_GPUS"), gpus
-    nodes = max(int(config_value(config, "trainer.nnodes", 1)), int(config_value(config, "actor_rollout_ref.rollout.nnodes", 0) or 0))
+        return Check(
+            "gpus",
+            OK if ok else FAIL,
+            f"Ray cluster at RAY_ADDRESS has {cluster:g} GPUs; the placement needs {need.total}: {need.describe}",
+            "" if ok else "add nodes to the cluster or lower NNODES / TRAIN_GPUS / ROLLOUT_GPUS",
+        ), gpus
+    nodes = max(
+        int(config_value(config, "trainer.nnodes", 1)),
+        int(config_value(config, "actor_rollout_ref.rollout.nnodes", 0) or 0),
+    )
     wanted = need.per_node if nodes > 1 else need.total
     if len(gpus) < wanted:
         names = f" ({gpus[0][0]})" if gpus else ""
-        fix = ("start the Ray cluster first and set RAY_ADDRESS (recipes/README.md, Multi-node)" if nodes > 1
-               else "use a host with enough GPUs, or lower TRAIN_GPUS / ROLLOUT_GPUS (check CUDA_VISIBLE_DEVICES)")
-        return Check("gpus", FAIL, f"{len(gpus)} visible{names}; the placement needs {wanted}" + (" on this node" if nodes > 1 else "") + f": {need.describe}", fix), gpus
+        fix = (
+            "start the Ray cluster first and set RAY_ADDRESS (recipes/README.md, Multi-node)"
+            if nodes > 1
+            else "use a host with enough GPUs, or lower TRAIN_GPUS / ROLLOUT_GPUS (check CUDA_VISIBLE_DEVICES)"
+        )
+        return Check(
+            "gpus",
+            FAIL,
+            f"{len(gpus)} visible{names}; the placement needs {wanted}"
+            + (" on this node" if nodes > 1 else "")
+            + f": {need.describe}",
+            fix,
+        ), gpus
     return Check("gpus", OK, f"{len(gpus)} visible ({gpus[0][0]}); the placement needs {wanted}: {need.describe}"), gpus
 
 
-def _check_memory(config: Mapping[str, Any], shape: ModelShape | None, gpus: list[tuple[str, int]], fused: bool) -> tuple[Check, MemoryBudget | None]:
+def _check_memory(
+    config: Mapping[str, Any], shape: ModelShape | None, gpus: list[tuple[str, int]], fused: bool
+) -> tuple[Check, MemoryBudget | None]:
     if config_value(config, "trainer.device", "cuda") == "cpu":
         return Check("gpu memory", SKIP, "trainer.device=cpu"), None
     if shape is None:
         return Check("gpu memory", SKIP, "model shape unknown"), None
     memory = min(m for _, m in gpus) / GIB if gpus else 80.0
     budget = estimate(shape, run_sizes(config, memory, fused_cross_entropy=fused))
-    detail = (f"training {budget.training_total / GIB:.1f} GiB at the {budget.training_pass}, rollout KV cache "
-              f"{budget.rollout[-1].bytes / GIB:.1f} GiB ({budget.kv_sequences} full-length sequences)")
+    detail = (
+        f"training {budget.training_total / GIB:.1f} GiB at the {budget.training_pass}, rollout KV cache "
+        f"{budget.rollout[-1].bytes / GIB:.1f} GiB ({budget.kv_sequences} full-length sequences)"
+    )
     if not gpus:
         return Check("gpu memory", SKIP, detail + " (estimate for 80 GiB GPUs; no GPU visible)"), budget
     limit = memory * GIB
     if budget.training_total > limit:
-        return Check("gpu memory", FAIL, detail + f" > {memory:.0f} GiB per GPU",
-                     "lower PPO_MAX_TOKEN_LEN / LOG_PROB_MAX_TOKEN_LEN, set ACTOR_OFFLOAD=True, or add training GPUs"), budget
+        return Check(
+            "gpu memory",
+            FAIL,
+            detail + f" > {memory:.0f} GiB per GPU",
+            "lower PPO_MAX_TOKEN_LEN / LOG_PROB_MAX_TOKEN_LEN, set ACTOR_OFFLOAD=True, or add training GPUs",
+        ), budget
     if budget.kv_sequences < 1:
         return Check("gpu memory", FAIL, detail, "raise ROLLOUT_GPU_MEMORY_UTILIZATION or ROLLOUT_TP"), budget
     if budget.training_total > 0.92 * limit:
-        return Check("gpu memory", WARN, detail + f", within 8% of {memory:.0f} GiB",
-                     "lower PPO_MAX_TOKEN_LEN / LOG_PROB_MAX_TOKEN_LEN if a step runs out of memory"), budget
+        return Check(
+            "gpu memory",
+            WARN,
+            detail + f", within 8% of {memory:.0f} GiB",
+            "lower PPO_MAX_TOKEN_LEN / LOG_PROB_MAX_TOKEN_LEN if a step runs out of memory",
+        ), budget
     return Check("gpu memory", OK, detail + f" of {memory:.0f} GiB"), budget
 
 
@@ -482,28 +623,64 @@ def _check_disk(config: Mapping[str, Any], probe: Probe, shape: ModelShape | Non
     return Check("disk", OK, detail)
 
 
-def _check_settings(config: Mapping[str, Any], shape: ModelShape | None, budget: MemoryBudget | None, probe: Probe) -> list[Check]:
+def _check_settings(
+    config: Mapping[str, Any], shape: ModelShape | None, budget: MemoryBudget | None, probe: Probe
+) -> list[Check]:
     checks = []
     fsdp = "actor_rollout_ref.actor.fsdp_config"
     separate = config_value(config, "trainer.v1.trainer_mode", "sync") == "separate_async"
     rounds = int(config_value(config, "trainer.v1.separate_async.parameter_sync_step", 1) or 1)
     bypass = bool(config_value(config, "algorithm.rollout_correction.bypass_mode", False))
     if separate and rounds > 1 and not bypass and config_value(config, f"{fsdp}.param_offload", False):
-        checks.append(Check("offload", FAIL, f"{fsdp}.param_offload=True with separate_async ({rounds} rounds per weight push): "
-                            "verl snapshots pi_old with save_model_to_cpu, which assumes GPU-resident parameters",
-                            f"keep {fsdp}.param_offload=False; offload the optimizer only ({fsdp}.optimizer_offload=True, recipes: ACTOR_OFFLOAD=True)"))
-    elif config_value(config, f"{fsdp}.optimizer_offload", False) or config_value(config, f"{fsdp}.param_offload", False):
-        checks.append(Check("offload", OK, "param_offload={} optimizer_offload={}".format(
-            bool(config_value(config, f"{fsdp}.param_offload", False)), bool(config_value(config, f"{fsdp}.optimizer_offload", False)))))
-    if shape is not None and shape.linear_attention_layers and config_value(config, "actor_rollout_ref.rollout.enable_prefix_caching", False):
-        checks.append(Check("prefix caching", WARN, "enable_prefix_caching=True on a hybrid (linear-attention) model: experimental in vLLM, "
-                            "verl's Qwen3.5 examples turn it off", "actor_rollout_ref.rollout.enable_prefix_caching=False (platform=gpu does)"))
+        checks.append(
+            Check(
+                "offload",
+                FAIL,
+                f"{fsdp}.param_offload=True with separate_async ({rounds} rounds per weight push): "
+                "verl snapshots pi_old with save_model_to_cpu, which assumes GPU-resident parameters",
+                f"keep {fsdp}.param_offload=False; offload the optimizer only "
+                f"({fsdp}.optimizer_offload=True, recipes: ACTOR_OFFLOAD=True)",
+            )
+        )
+    elif config_value(config, f"{fsdp}.optimizer_offload", False) or config_value(
+        config, f"{fsdp}.param_offload", False
+    ):
+        checks.append(
+            Check(
+                "offload",
+                OK,
+                "param_offload={} optimizer_offload={}".format(
+                    bool(config_value(config, f"{fsdp}.param_offload", False)),
+                    bool(config_value(config, f"{fsdp}.optimizer_offload", False)),
+                ),
+            )
+        )
+    if (
+        shape is not None
+        and shape.linear_attention_layers
+        and config_value(config, "actor_rollout_ref.rollout.enable_prefix_caching", False)
+    ):
+        checks.append(
+            Check(
+                "prefix caching",
+                WARN,
+                "enable_prefix_caching=True on a hybrid (linear-attention) model: experimental in vLLM, "
+                "verl's Qwen3.5 examples turn it off",
+                "actor_rollout_ref.rollout.enable_prefix_caching=False (platform=gpu does)",
+            )
+        )
     if budget is not None and separate:
         host = sum(r.bytes for r in budget.host) * int(config_value(config, "trainer.n_gpus_per_node", 1))
         have = probe.host_memory_bytes()
         if have is not None and host > 0.8 * have:
-            checks.append(Check("host memory", WARN, f"separate_async CPU weight copies ~{host / GIB:.0f} GiB per node, {have / GIB:.0f} GiB RAM",
-                                "use a host with more RAM or fewer training GPUs per node"))
+            checks.append(
+                Check(
+                    "host memory",
+                    WARN,
+                    f"separate_async CPU weight copies ~{host / GIB:.0f} GiB per node, {have / GIB:.0f} GiB RAM",
+                    "use a host with more RAM or fewer training GPUs per node",
+                )
+            )
     return checks
 
 
@@ -561,4 +738,3 @@ def compose_config(overrides: Sequence[str]) -> dict[str, Any]:
     container = OmegaConf.to_container(config, resolve=True)
     assert isinstance(container, dict)
     return container
-

@@ -59,19 +59,31 @@ def _atomic_write_json(path: Path, payload: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def write_state_manifest(folder: str | os.PathLike, *, step: int, identity: Mapping[str, Any],
-                         settings: Mapping[str, Any]) -> None:
+def write_state_manifest(
+    folder: str | os.PathLike, *, step: int, identity: Mapping[str, Any], settings: Mapping[str, Any]
+) -> None:
     """Record the files the streams wrote into ``folder`` (call after they are all written)."""
     root = Path(folder)
-    files = {p.name: _sha256(p) for p in sorted(root.iterdir()) if p.is_file() and p.name != STATE_MANIFEST
-             and not p.name.startswith(".")}
-    _atomic_write_json(root / STATE_MANIFEST, {"format": STATE_FORMAT, "global_step": int(step),
-                                                "identity": dict(identity), "settings": dict(settings),
-                                                "files": files})
+    files = {
+        p.name: _sha256(p)
+        for p in sorted(root.iterdir())
+        if p.is_file() and p.name != STATE_MANIFEST and not p.name.startswith(".")
+    }
+    _atomic_write_json(
+        root / STATE_MANIFEST,
+        {
+            "format": STATE_FORMAT,
+            "global_step": int(step),
+            "identity": dict(identity),
+            "settings": dict(settings),
+            "files": files,
+        },
+    )
 
 
-def check_state_manifest(folder: str | os.PathLike, *, step: int, identity: Mapping[str, Any],
-                         settings: Mapping[str, Any]) -> bool:
+def check_state_manifest(
+    folder: str | os.PathLike, *, step: int, identity: Mapping[str, Any], settings: Mapping[str, Any]
+) -> bool:
     """True if ``folder`` holds a complete state this run may continue; False if it holds none.
 
     Raises :class:`ReplayStateError` for a state that exists but must not be continued.
@@ -85,14 +97,17 @@ def check_state_manifest(folder: str | os.PathLike, *, step: int, identity: Mapp
     except ValueError as error:
         raise ReplayStateError(f"{manifest_path} is corrupted ({error})") from None
     if manifest.get("format") != STATE_FORMAT:
-        raise ReplayStateError(f"{manifest_path}: replay state format {manifest.get('format')!r}, this version reads "
-                               f"{STATE_FORMAT}")
+        raise ReplayStateError(
+            f"{manifest_path}: replay state format {manifest.get('format')!r}, this version reads {STATE_FORMAT}"
+        )
     if manifest.get("global_step") != step:
         raise ReplayStateError(f"{manifest_path} belongs to global step {manifest.get('global_step')}, not {step}")
     for name, digest in manifest.get("files", {}).items():
         path = root / name
         if not path.is_file() or _sha256(path) != digest:
-            raise ReplayStateError(f"{path} is missing or does not match its recorded sha256 (torn or edited checkpoint)")
+            raise ReplayStateError(
+                f"{path} is missing or does not match its recorded sha256 (torn or edited checkpoint)"
+            )
     for key, saved in manifest.get("identity", {}).items():
         if identity.get(key) != saved:
             raise ReplayStateError(
@@ -110,7 +125,9 @@ def check_state_manifest(folder: str | os.PathLike, *, step: int, identity: Mapp
     return True
 
 
-def prune_orphaned_states(checkpoint_root: str | os.PathLike, state_dir: str, keep_step: Optional[int] = None) -> list[Path]:
+def prune_orphaned_states(
+    checkpoint_root: str | os.PathLike, state_dir: str, keep_step: Optional[int] = None
+) -> list[Path]:
     """Remove the replay states of checkpoints verl has pruned (their ``actor/`` folder is gone)."""
     removed = []
     root = Path(checkpoint_root)

@@ -22,13 +22,32 @@ from verl_replay.headroom_drift.buffer import ReplayGroup
 
 # Token fields rebuilt from the compact group (checked at ingress, stored as metadata otherwise).
 CORE_FIELDS = frozenset(
-    {"prompts", "responses", "input_ids", "position_ids", "response_mask", "loss_mask", "rm_scores", "rollout_log_probs"}
+    {
+        "prompts",
+        "responses",
+        "input_ids",
+        "position_ids",
+        "response_mask",
+        "loss_mask",
+        "rm_scores",
+        "rollout_log_probs",
+    }
 )
 # Written by the trainer during a step; a replayed row gets them again (or our stored values).
 DERIVED_FIELDS = frozenset(
     {
-        "advantages", "returns", "old_log_probs", "ref_log_prob", "log_probs", "entropy", "values",
-        "token_level_rewards", "token_level_scores", "rollout_is_weights", "replay_source", "replay_group_id",
+        "advantages",
+        "returns",
+        "old_log_probs",
+        "ref_log_prob",
+        "log_probs",
+        "entropy",
+        "values",
+        "token_level_rewards",
+        "token_level_scores",
+        "rollout_is_weights",
+        "replay_source",
+        "replay_group_id",
     }
 )
 # Identity of the row inside one step; assigned anew at injection.
@@ -64,6 +83,7 @@ def text_position_ids(length: int, leading: tuple[int, ...] = ()) -> torch.Tenso
     """
     positions = torch.arange(length, dtype=torch.int64)
     return positions.expand(*leading, length).clone() if leading else positions
+
 
 def plain(value: Any) -> Any:
     """Python/tensor value for buffer metadata: numpy arrays and scalars become lists and numbers."""
@@ -125,8 +145,14 @@ class RebuiltTokens:
     rm_scores: torch.Tensor
 
 
-def rebuild_tokens(prompt: torch.Tensor, response: torch.Tensor, mask: torch.Tensor, gen: torch.Tensor, score: float,
-                   position_rows: tuple[int, ...] = ()) -> RebuiltTokens:
+def rebuild_tokens(
+    prompt: torch.Tensor,
+    response: torch.Tensor,
+    mask: torch.Tensor,
+    gen: torch.Tensor,
+    score: float,
+    position_rows: tuple[int, ...] = (),
+) -> RebuiltTokens:
     input_ids = torch.cat([prompt, response])
     return RebuiltTokens(
         prompts=prompt,
@@ -215,7 +241,7 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
         shared[POSITION_ROWS_META] = list(position_rows)
     meta: dict[str, Any] = {"shared": shared, "per_row": per_row, "source_uid": str(rows[0].get("uid", ""))}
     if refs:
-        if len(refs) != len(rows) or any(r.numel() != m.numel() for r, m in zip(refs, masks)):
+        if len(refs) != len(rows) or any(r.numel() != m.numel() for r, m in zip(refs, masks, strict=True)):
             raise GroupNotReplayable("ref_log_prob does not align with responses")
         meta[REF_LOG_PROBS_META] = torch.cat(refs)
     return ReplayGroup(

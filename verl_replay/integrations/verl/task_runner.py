@@ -28,9 +28,7 @@ class ReplayTaskRunner:
         from verl.utils.import_utils import load_class_from_fqn
 
         manager_fqn = self.config.actor_rollout_ref.rollout.get("agent", {}).get("agent_loop_manager_class")
-        manager_cls = (
-            load_class_from_fqn(manager_fqn, "AgentLoopManager") if manager_fqn else AgentLoopManagerTQ
-        )
+        manager_cls = load_class_from_fqn(manager_fqn, "AgentLoopManager") if manager_fqn else AgentLoopManagerTQ
         self.agent_loop_manager = manager_cls.create(
             config=self.config,
             llm_client=self.trainer.get_llm_client(),

@@ -27,7 +27,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -158,15 +158,16 @@ class ReplayTrainerMixin:
             self.actor_rollout_wg.set_loss_fn(self._build_actor_loss())
 
     def _build_actor_loss(self) -> ReplayActorLoss:
+        from verl.trainer.distillation import is_distillation_enabled
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
-
-        from verl.trainer.distillation import is_distillation_enabled
 
         if is_distillation_enabled(self.config.get("distillation")):
             raise ValueError("verl_replay's actor loss does not compose with on-policy distillation")
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
-        actor_config.model_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.model, dataclass_type=HFModelConfig)
+        actor_config.model_config = omega_conf_to_dataclass(
+            self.config.actor_rollout_ref.model, dataclass_type=HFModelConfig
+        )
         return ReplayActorLoss(
             actor_config,
             elite=self.replay_config.uses_elite,
@@ -218,8 +219,10 @@ class ReplayTrainerMixin:
 
     def _rollout_correction_on(self) -> bool:
         corr = self.config.algorithm.get("rollout_correction", None)
-        return corr is not None and not corr.get("bypass_mode", False) and bool(
-            self.config.actor_rollout_ref.rollout.calculate_log_probs
+        return (
+            corr is not None
+            and not corr.get("bypass_mode", False)
+            and bool(self.config.actor_rollout_ref.rollout.calculate_log_probs)
         )
 
     @contextlib.contextmanager
@@ -252,7 +255,7 @@ class ReplayTrainerMixin:
         batch = super().step(metrics, timing_raw)
         # verl's aggregator has merged the rounds' metrics by now; replay's are totals of the step.
         for key in [k for k in metrics if k.startswith(LOSS_METRIC_PREFIX)]:
-            metrics[key[len("actor/"):]] = metrics.pop(key)
+            metrics[key[len("actor/") :]] = metrics.pop(key)
         with self._totals.timed():
             if self.group_replay is not None:
                 metrics.update(prefixed(self.group_replay.end_step(batch), "replay/"))
@@ -262,15 +265,20 @@ class ReplayTrainerMixin:
         return batch
 
     def _begin_replay_step(self) -> None:
-        context = StepContext(step=self.global_steps, rounds=int(self.parameter_sync_step),
-                              scorer_factory=self._policy_scorer,
-                              rows_per_group=int(self.config.actor_rollout_ref.rollout.n))
+        context = StepContext(
+            step=self.global_steps,
+            rounds=int(self.parameter_sync_step),
+            scorer_factory=self._policy_scorer,
+            rows_per_group=int(self.config.actor_rollout_ref.rollout.n),
+        )
         for stream in self._streams:
             stream.begin_step(context)
 
     # ------------------------------------------------------------------ injection + balancing
 
-    def _balance_batch(self, batch: KVBatchMeta, metrics: dict, logging_prefix: str = "global_seqlen", keep_minibatch: bool = False):
+    def _balance_batch(
+        self, batch: KVBatchMeta, metrics: dict, logging_prefix: str = "global_seqlen", keep_minibatch: bool = False
+    ):
         self._mini_batch_groups = None
         if not self._replay_active or logging_prefix != "global_seqlen":
             return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
@@ -302,7 +310,7 @@ class ReplayTrainerMixin:
         if round_index == 0:
             self._begin_replay_step()
         batch = self._canonical_order(batch)
-        fresh_keys = [key for key, tag in zip(batch.keys, batch.tags) if is_fresh(tag)]
+        fresh_keys = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if is_fresh(tag)]
         fresh_groups = len({key.rsplit("_", 2)[0] for key in fresh_keys})
         self._mark_fresh_rows(batch)
         if round_index == 0 or self._row_template is None:
@@ -382,8 +390,9 @@ class ReplayTrainerMixin:
             if forward is not batch:
                 self._fill_skipped_rows(batch, forward, ("old_log_probs", "entropy"), covered=self._group_replay_keys())
             for stream in self._streams:
-                stream.after_old_log_probs(batch.partition_id, rollout_correction=self._rollout_correction_on(),
-                                           forwarded=forward is batch)
+                stream.after_old_log_probs(
+                    batch.partition_id, rollout_correction=self._rollout_correction_on(), forwarded=forward is batch
+                )
         return batch
 
     def _compute_ref_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
@@ -422,37 +431,52 @@ class ReplayTrainerMixin:
         if short > len(padding):
             return batch
         keep = sorted(fresh + padding[:short])
-        return KVBatchMeta(keys=[batch.keys[i] for i in keep], tags=[batch.tags[i] for i in keep],
-                           partition_id=batch.partition_id, extra_info=batch.extra_info)
+        return KVBatchMeta(
+            keys=[batch.keys[i] for i in keep],
+            tags=[batch.tags[i] for i in keep],
+            partition_id=batch.partition_id,
+            extra_info=batch.extra_info,
+        )
 
     @staticmethod
     def _fill_skipped_rows(
-        batch: KVBatchMeta, forward: KVBatchMeta, fields: tuple[str, ...], covered: frozenset[str] | set[str] = frozenset()
+        batch: KVBatchMeta,
+        forward: KVBatchMeta,
+        fields: tuple[str, ...],
+        covered: frozenset[str] | set[str] = frozenset(),
     ) -> None:
         """Zeros of each row's response length for the rows left out of a forward: every row must
         carry every field (TransferQueue drops a field that some rows lack). The replay streams then
         write what those rows keep (the stored anchor, the stored reference log-probs); rows in
         ``covered`` get all of ``fields`` from a stream's write, so they are left to it."""
         computed = set(forward.keys) | set(covered)
-        skipped = [(key, tag) for key, tag in zip(batch.keys, batch.tags) if key not in computed]
+        skipped = [(key, tag) for key, tag in zip(batch.keys, batch.tags, strict=True) if key not in computed]
         if not skipped:
             return
         lengths = [int(tag["response_len"]) for _, tag in skipped]  # the tags know them: no fetch
-        values = {name: torch.nested.as_nested_tensor([torch.zeros(n, dtype=torch.float32) for n in lengths],
-                                                      layout=torch.jagged) for name in fields}
+        values = {
+            name: torch.nested.as_nested_tensor(
+                [torch.zeros(n, dtype=torch.float32) for n in lengths], layout=torch.jagged
+            )
+            for name in fields
+        }
         skipped = [key for key, _ in skipped]
-        tq.kv_batch_put(keys=skipped, partition_id=batch.partition_id, fields=TensorDict(values, batch_size=len(skipped)))
+        tq.kv_batch_put(
+            keys=skipped, partition_id=batch.partition_id, fields=TensorDict(values, batch_size=len(skipped))
+        )
 
     def _fresh_log_prob_metrics(self, batch: KVBatchMeta, metrics: dict) -> None:
         """verl's entropy and rollout-vs-actor diagnostics, recomputed over fresh rows only."""
-        keys = [key for key, tag in zip(batch.keys, batch.tags) if is_fresh(tag)]
+        keys = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if is_fresh(tag)]
         if not keys:
             return
         fields = ["entropy", "old_log_probs", "response_mask", "responses"]
         calculate_log_probs = bool(self.config.actor_rollout_ref.rollout.calculate_log_probs)
         if calculate_log_probs:
             fields.append("rollout_log_probs")
-        data = DataProto(batch=tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields).to_padded_tensor())
+        data = DataProto(
+            batch=tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields).to_padded_tensor()
+        )
         actor_config = self.config.actor_rollout_ref.actor
         metrics["actor/entropy"] = agg_loss(
             loss_mat=data.batch["entropy"],
@@ -479,9 +503,13 @@ class ReplayTrainerMixin:
         """verl's ``rollout_corr/*`` metrics over the fresh rows only (SPEC 1.7): replayed and elite
         rows have IS weight 1 and no off-policy gap, so over the whole batch they dilute them."""
         corr = self.config.algorithm.get("rollout_correction", None)
-        if corr is None or corr.get("bypass_mode", False) or not self.config.actor_rollout_ref.rollout.calculate_log_probs:
+        if (
+            corr is None
+            or corr.get("bypass_mode", False)
+            or not self.config.actor_rollout_ref.rollout.calculate_log_probs
+        ):
             return {}
-        keys = [key for key, tag in zip(batch.keys, batch.tags) if is_fresh(tag)]
+        keys = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if is_fresh(tag)]
         if not keys or len(keys) == sum(not tag.get("is_padding", False) for tag in batch.tags):
             return {}  # no replay rows in this round: verl's own numbers are the fresh ones
         from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
@@ -526,7 +554,11 @@ class ReplayTrainerMixin:
 
     def _replay_score_metrics(self, batch: KVBatchMeta, metrics: dict) -> None:
         """Scores of the replayed rows as generated (they are kept out of critic/score)."""
-        keys = [key for key, tag in zip(batch.keys, batch.tags) if tag.get(REPLAY_SOURCE_FIELD, 0) == SOURCE_GROUP_REPLAY]
+        keys = [
+            key
+            for key, tag in zip(batch.keys, batch.tags, strict=True)
+            if tag.get(REPLAY_SOURCE_FIELD, 0) == SOURCE_GROUP_REPLAY
+        ]
         if not keys:
             return
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["rm_scores"])
@@ -566,12 +598,17 @@ class ReplayTrainerMixin:
         if self._replay_active:
             for stream in self._streams:
                 stream.save(folder)
-            write_state_manifest(folder, step=self.global_steps, identity=self._replay_identity(),
-                                 settings=decision_settings(self.replay_config))
+            write_state_manifest(
+                folder,
+                step=self.global_steps,
+                identity=self._replay_identity(),
+                settings=decision_settings(self.replay_config),
+            )
         super()._save_checkpoint()
         if self._replay_active:
-            for removed in prune_orphaned_states(self.config.trainer.default_local_dir, REPLAY_STATE_DIR,
-                                                 keep_step=self.global_steps):
+            for removed in prune_orphaned_states(
+                self.config.trainer.default_local_dir, REPLAY_STATE_DIR, keep_step=self.global_steps
+            ):
                 logger.info("removed the replay state of pruned checkpoint %s", removed.parent)
 
     def _load_checkpoint(self) -> None:
@@ -591,13 +628,18 @@ class ReplayTrainerMixin:
         if not os.path.isabs(folder):
             folder = os.path.join(os.getcwd(), folder)
         folder = self._replay_state_folder(folder)
-        found = check_state_manifest(folder, step=self.global_steps, identity=self._replay_identity(),
-                                     settings=decision_settings(self.replay_config))
+        found = check_state_manifest(
+            folder,
+            step=self.global_steps,
+            identity=self._replay_identity(),
+            settings=decision_settings(self.replay_config),
+        )
         if not found:
             if not self.replay_config.allow_missing_state:
                 raise ReplayStateError(
                     f"resuming from global step {self.global_steps}, but {folder} holds no replay state (buffer, "
-                    "sampler): the replay streams would restart empty. Set replay.allow_missing_state=true to accept that"
+                    "sampler): the replay streams would restart empty. "
+                    "Set replay.allow_missing_state=true to accept that"
                 )
             logger.warning("no replay state in %s: replay restarts empty (replay.allow_missing_state=true)", folder)
             if self.group_replay is not None:

@@ -75,8 +75,9 @@ def fix_3d_position_ids_by_layout(data: Any) -> None:
 
 def use_layout_aware_position_fix(module: Any) -> None:
     if not hasattr(module, "maybe_fix_3d_position_ids"):
-        raise RuntimeError(f"verl_replay fixes {module.__name__}.maybe_fix_3d_position_ids, "
-                           "which this verl version does not have")
+        raise RuntimeError(
+            f"verl_replay fixes {module.__name__}.maybe_fix_3d_position_ids, which this verl version does not have"
+        )
     module.maybe_fix_3d_position_ids = fix_3d_position_ids_by_layout
 
 

@@ -46,8 +46,7 @@ def allow_vl_processor_without_torchvision() -> bool:
         return True
     if torchvision_available():
         return False
-    from transformers import Qwen3_5Config, Qwen3_5MoeConfig
-    from transformers import processing_utils
+    from transformers import Qwen3_5Config, Qwen3_5MoeConfig, processing_utils
     from transformers.models.auto.video_processing_auto import AutoVideoProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
     from transformers.video_processing_utils import BaseVideoProcessor

@@ -20,8 +20,6 @@ from verl_replay.integrations.verl.actor_loss import ELITE_ROWS_FIELD, OPTIMIZER
 from verl_replay.integrations.verl.rows import REPLAY_SOURCE_FIELD, SOURCE_ELITE
 
 
-
-
 class ReplayTrainingWorker(TrainingWorker):
     def train_batch(self, data):
         # Which optimiser step of this worker the mini-batch feeds (the actor loss's audit records it).
