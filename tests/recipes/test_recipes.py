@@ -356,7 +356,7 @@ def test_relative_paths_are_made_absolute(tmp_path) -> None:
         env={**full_env, **env},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,  # a hang guard: the recipe takes seconds
     )
     assert result.returncode == 0, result.stderr
     evaluation = RecipeRun("headroom_drift_math.sh", 0, result.stdout, result.stderr).command("eval")

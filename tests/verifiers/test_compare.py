@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from load_tolerant import assert_cpu_time_scales
 
 from verl_replay.verifiers.compare import (
     CompareTimeout,
@@ -91,21 +92,35 @@ class TestSpider:
         assert spider_match([(2, 3)], [(2.0, 3)], ordered=False)  # here both sort the same way
 
     def test_identical_columns_are_cheap(self) -> None:
-        gold = [tuple([None] * 12 + [i]) for i in range(1000)]
-        pred = [tuple([i] + [None] * 12) for i in range(1000)]
-        start = time.monotonic()
-        assert spider_match(pred, gold, ordered=False)
-        assert time.monotonic() - start < 1.0
+        """Identical columns are not permuted among themselves: CPU time grows with their number
+        like the rows' size does (trying their orders would grow factorially: 12! / 6! = 665,280x)."""
+
+        def match(identical: int):
+            gold = [tuple([None] * identical + [i]) for i in range(1000)]
+            pred = [tuple([i] + [None] * identical) for i in range(1000)]
+            return lambda: spider_match(pred, gold, ordered=False)
+
+        assert match(12)()
+        assert_cpu_time_scales(match, 6, 12, power=2)
 
     def test_wide_permuted_result(self) -> None:
-        gold = [tuple((r * 7 + c * 13) % 5 for c in range(10)) for r in range(2000)]
         perm = [3, 9, 0, 6, 1, 8, 2, 7, 5, 4]
-        pred = [tuple(row[p] for p in perm) for row in reversed(gold)]
-        start = time.monotonic()
+
+        def results(rows: int) -> tuple[list[tuple], list[tuple]]:
+            gold = [tuple((r * 7 + c * 13) % 5 for c in range(10)) for r in range(rows)]
+            return gold, [tuple(row[p] for p in perm) for row in reversed(gold)]
+
+        gold, pred = results(2000)
         assert spider_match(pred, gold, ordered=False)
         broken = [*pred[:-1], tuple(reversed(pred[-1]))]
         assert not spider_match(broken, gold, ordered=False)
-        assert time.monotonic() - start < 2.0
+
+        def match(rows: int):
+            gold, pred = results(rows)
+            return lambda: spider_match(pred, gold, ordered=False)
+
+        # the column search costs about what sorting the rows does: n log n, not n^2
+        assert_cpu_time_scales(match, 500, 2000, power=1.2)
 
     def test_deadline(self) -> None:
         gold = [(1, 2), (3, 4), (5, 6)]
@@ -115,11 +130,18 @@ class TestSpider:
             spider_match(pred, gold, ordered=False, deadline=time.monotonic() - 1)
 
     def test_large_results_are_fast_or_stopped_by_the_deadline(self) -> None:
-        gold = [(i, 2 * i, f"r{i}") for i in range(100_000)]  # the row cap's worth
-        pred = [(c, a, b) for a, b, c in reversed(gold)]
-        start = time.monotonic()
+        def results(rows: int) -> tuple[list[tuple], list[tuple]]:
+            gold = [(i, 2 * i, f"r{i}") for i in range(rows)]
+            return gold, [(c, a, b) for a, b, c in reversed(gold)]
+
+        gold, pred = results(100_000)  # the row cap's worth
         assert spider_match(pred, gold, ordered=False)  # no REAL values: no unordered-row check
-        assert time.monotonic() - start < 3.0
+
+        def match(rows: int):
+            gold, pred = results(rows)
+            return lambda: spider_match(pred, gold, ordered=False)
+
+        assert_cpu_time_scales(match, 5_000, 20_000, power=1.2)
         real = [(i, i * 0.5) for i in range(100_000)]  # REAL values: the official check runs
         with pytest.raises(CompareTimeout):
             spider_match([(b, a) for a, b in real], real, ordered=False, deadline=time.monotonic())

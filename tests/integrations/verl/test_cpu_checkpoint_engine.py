@@ -46,7 +46,7 @@ def _sync_once(actor_world: int, rollout_world: int, bucket_size: int) -> list[d
     inits = [init(e, kwargs_of(actor_kwargs, i)) for i, e in enumerate(actors)]
     inits += [init(e, kwargs_of(rollout_kwargs, i)) for i, e in enumerate(rollouts)]
     for thread in inits:
-        thread.join(timeout=60)
+        thread.join(timeout=300)  # a hang guard
 
     drained = [0] * actor_world
     received: list[dict[str, torch.Tensor]] = [{} for _ in rollouts]
@@ -68,7 +68,7 @@ def _sync_once(actor_world: int, rollout_world: int, bucket_size: int) -> list[d
 
     threads = [_run(send, i) for i in range(actor_world)] + [_run(receive, i) for i in range(rollout_world)]
     for thread in threads:
-        thread.join(timeout=60)
+        thread.join(timeout=300)  # a hang guard
         assert not thread.is_alive(), "weight sync hung"
     for engine in actors + rollouts:
         engine.finalize()
