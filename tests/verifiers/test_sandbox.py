@@ -213,7 +213,7 @@ def test_workers_die_with_their_owner(tmp_path: Path, db: Path) -> None:
         sys.path[:0] = {sys.path!r}
         from verl_replay.verifiers.sandbox import SQLSandbox
         sb = SQLSandbox(min_workers=1)
-        assert sb.wait_ready(STARVED_SCHEDULER_S)
+        assert sb.wait_ready({STARVED_SCHEDULER_S})
         threading.Thread(target=sb.execute, args=({str(db)!r}, {LONG_STEPS["instr"]!r}),
                          kwargs=dict(timeout_s=600, max_rows=10, max_bytes=10**6), daemon=True).start()
         time.sleep(0.5)
