@@ -124,7 +124,7 @@ def test_readme_setup_commands_are_the_ones_ci_runs():
     ]
     assert ci == [
         'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e ".[test]"',
-        ". .venv/bin/activate && python -m pytest",
+        ". .venv/bin/activate && ruff check . && ruff format --check . && python -m pytest",
     ]
     assert f"{ci[0]} && python -m verl_replay.main" in readme and ci[1] in readme
     for link in (
