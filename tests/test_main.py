@@ -249,3 +249,17 @@ def test_the_done_line_survives_a_deleted_working_directory(tmp_path):
         assert _shown(tmp_path / "outputs" / "run") == str(tmp_path / "outputs" / "run")
     finally:
         os.chdir(before)
+
+
+@pytest.mark.parametrize("loss_mode", ["clip_cov", "kl_cov"])
+def test_a_micro_batch_wide_policy_loss_is_refused_before_ray_with_replay(tmp_path, loss_mode):
+    result, _ = run_cli(
+        tmp_path, "replay.strategy=headroom_drift", f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}"
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"verl_replay: actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} "
+    ), result.stderr
+    assert "with replay.strategy=headroom_drift use one of: vanilla, " in lines[0]
+    assert list(tmp_path.iterdir()) == []  # nothing written, Ray never started
