@@ -16,6 +16,7 @@ import os
 import shlex
 import signal
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 import yaml
 
 # what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
-E2E_SECONDS = 405
+E2E_SECONDS = 500  # the HD recipe runs twice: killed after a checkpoint, then resumed
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
@@ -467,16 +468,22 @@ def test_tiny_headroom_drift_recipe_runs_every_stage_through_a_crash(tmp_path) -
     )
     run_dir = tmp_path / "out" / "headroom_drift_math" / "hd_b16_r8"
     checkpoints = run_dir / "checkpoints"
+    started = time.monotonic()
     killed_after = kill_after_checkpoint(
         spawn_recipe("headroom_drift_math.sh", env, *overrides, log_dir=tmp_path / "killed"),
         checkpoints / "latest_checkpointed_iteration.txt",
         timeout_s=1200,
     )
+    killed_at = time.monotonic()
     saved = HeadroomDriftBuffer.from_file(checkpoints / f"global_step_{killed_after}" / "replay" / "group_buffer.pt")
     killed_audit = [row for row in read_audit(audit) if row.global_step <= killed_after]  # later steps run again
     audit.rename(tmp_path / "audit_killed")
 
     run = run_recipe("headroom_drift_math.sh", env, *overrides, timeout=1200)  # the same command: its run dir
+    print(
+        f"killed run {killed_at - started:.0f} s, resumed run (steps {killed_after + 1}-5, eval) "
+        f"{time.monotonic() - killed_at:.0f} s"
+    )
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     assert "verl_replay: " in run.stdout and "resuming" in run.stdout, run.stdout[-2000:]
     train = run.command("train")
