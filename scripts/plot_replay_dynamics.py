@@ -13,10 +13,16 @@ with ``--tau`` / ``--k-rep``; every bin shows how many groups or scans it holds.
     A group's replay count is the number of its accepted scans in the log. By default every
     ingressed group counts (groups still buffered at the end are censored: they may be
     replayed later); ``--completed-only`` keeps only evicted groups, whose lifetime is over.
-(b) ``acceptance_by_age.png``: acceptance rate of scanned groups vs age (steps since birth)
-    at scan time, one point per integer age.
+(b) ``acceptance_by_age.png``: acceptance rate of scanned groups vs age at scan time, one
+    point per integer age. Ages count weight versions since the policy that generated the group
+    (``(step - 1) - generated_version``; in synchronous training, steps since admission); the
+    fresh groups' ages (``fresh`` records) are marked: a buffered group is always older.
 (c) ``scan_depth_over_steps.png``: scan depth and accepted count per step, from the
     ``step`` summaries.
+(d) ``drift_vs_tau.png``: per step, every scanned group's drift (accepted / rejected) against
+    tau and the drift floor, the median and 90th percentile of the fresh groups' drift (the
+    gate's statistic over groups that were never buffered: the rollout engine's log-probs
+    against the trainer's). Not drawn for the naive baseline, which measures no drift.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ PLOTS = {
     "deciles": "replay_by_headroom_decile.png",
     "age": "acceptance_by_age.png",
     "steps": "scan_depth_over_steps.png",
+    "drift": "drift_vs_tau.png",
 }
 
 
@@ -89,6 +96,44 @@ def age_table(events: Sequence[dict[str, Any]]) -> list[dict]:
     ]
 
 
+def fresh_age_table(events: Sequence[dict[str, Any]]) -> list[dict]:
+    """Rows per age of the fresh groups (``fresh`` records, the last one of each step): age, groups."""
+    by_step = {int(e["step"]): e for e in events if e["event"] == "fresh"}
+    ages: Counter[int] = Counter(int(a) for e in by_step.values() for a in e["age"])
+    return [{"age": a, "groups": ages[a]} for a in sorted(ages)]
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    v = sorted(values)
+    pos = (len(v) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] if v[lo] == v[hi] else v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def drift_table(events: Sequence[dict[str, Any]]) -> list[dict]:
+    """Rows per step that measured drift: step, scanned and accepted drifts (lists), and the drift
+    floor of its fresh groups (floor_p50, floor_p90; None without a ``fresh`` record with drifts)."""
+    scans: dict[int, list[dict]] = defaultdict(list)
+    for e in events:
+        if e["event"] == "scan" and e["drift"] is not None:
+            scans[int(e["step"])].append(e)
+    floors = {int(e["step"]): e["drift"] for e in events if e["event"] == "fresh" and e.get("drift")}
+    rows = []
+    for step in sorted(set(scans) | set(floors)):
+        fresh = floors.get(step)
+        rows.append(
+            {
+                "step": step,
+                "drift_accepted": [float(e["drift"]) for e in scans[step] if e["accepted"]],
+                "drift_rejected": [float(e["drift"]) for e in scans[step] if not e["accepted"]],
+                "floor_p50": _quantile(fresh, 0.5) if fresh else None,
+                "floor_p90": _quantile(fresh, 0.9) if fresh else None,
+            }
+        )
+    return rows
+
+
 def steps_table(events: Sequence[dict[str, Any]]) -> list[dict]:
     """Rows per step summary: step, scan_depth, accepted, scanned (later records of a step
     replace earlier ones, e.g. after a resume without truncation)."""
@@ -106,7 +151,13 @@ def steps_table(events: Sequence[dict[str, Any]]) -> list[dict]:
 
 
 def compute_tables(events: Sequence[dict[str, Any]], completed_only: bool = False) -> dict:
-    return {"deciles": decile_table(events, completed_only), "age": age_table(events), "steps": steps_table(events)}
+    return {
+        "deciles": decile_table(events, completed_only),
+        "age": age_table(events),
+        "fresh_age": fresh_age_table(events),
+        "steps": steps_table(events),
+        "drift": drift_table(events),
+    }
 
 
 def run_settings(events_path: Path, tau: float | None = None, k_rep: int | None = None) -> dict[str, Any]:
@@ -172,8 +223,12 @@ def plot_deciles(rows: list[dict], path: Path, completed_only: bool, label: str 
     return _save(fig, path)
 
 
-def plot_age(rows: list[dict], path: Path, label: str = "") -> Any:
+def plot_age(rows: list[dict], path: Path, label: str = "", fresh: Sequence[dict] = ()) -> Any:
     fig, ax = plt.subplots(figsize=(7, 4))
+    for i, r in enumerate(fresh):  # where fresh data sits: replayed groups are older
+        ax.axvspan(
+            r["age"] - 0.4, r["age"] + 0.4, color="tab:green", alpha=0.15, label="fresh groups" if not i else None
+        )
     if rows:
         ages = [r["age"] for r in rows]
         counts = ax.twinx()  # scans per age: how much each point of the rate rests on
@@ -184,10 +239,12 @@ def plot_age(rows: list[dict], path: Path, label: str = "") -> Any:
         ax.patch.set_visible(False)
         ax.plot(ages, [r["acceptance_rate"] for r in rows], "o-", label="acceptance rate")
         ax.set_ylim(-0.02, 1.02)
+        if fresh:
+            ax.legend(loc="lower left")
     else:
         _empty(ax, "scans")
     _integer_axis(ax.xaxis)
-    ax.set_xlabel("age at scan (steps since birth)")
+    ax.set_xlabel("age at scan (weight versions since generation)")
     ax.set_ylabel("acceptance rate")
     ax.set_title("Drift-gate acceptance vs age" + label)
     return _save(fig, path)
@@ -209,6 +266,41 @@ def plot_steps(rows: list[dict], path: Path, label: str = "", k_rep: int | None 
     ax.set_xlabel("step")
     ax.set_ylabel("groups")
     ax.set_title("Scan depth and accepted groups" + label)
+    return _save(fig, path)
+
+
+def plot_drift(rows: list[dict], path: Path, label: str = "", tau: float | None = None) -> Any:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if rows:
+        for key, style, name in (
+            ("drift_accepted", dict(color="tab:blue", marker="o"), "accepted"),
+            ("drift_rejected", dict(color="tab:red", marker="x"), "rejected"),
+        ):
+            points = [(r["step"], d) for r in rows for d in r[key] if math.isfinite(d)]
+            if points:
+                ax.scatter(*zip(*points, strict=True), s=14, alpha=0.6, label=f"scanned, {name}", **style)
+        floor = [r for r in rows if r["floor_p50"] is not None]
+        if floor:
+            steps = [r["step"] for r in floor]
+            ax.fill_between(
+                steps,
+                [r["floor_p50"] for r in floor],
+                [r["floor_p90"] for r in floor],
+                color="0.6",
+                alpha=0.3,
+                label="fresh groups p50-p90",
+            )
+            ax.plot(steps, [r["floor_p50"] for r in floor], color="0.3", label="drift floor (fresh p50)")
+        if tau is not None:
+            ax.axhline(tau, color="black", linestyle="--", label=f"tau = {tau:g}")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    else:
+        _empty(ax, "drift measurements")
+    _integer_axis(ax.xaxis)
+    ax.set_xlabel("step")
+    ax.set_ylabel("Policy Drift")
+    ax.set_title("Drift against the gate and the floor" + label)
     return _save(fig, path)
 
 
@@ -239,12 +331,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     tables = compute_tables(events, args.completed_only)
     plot_deciles(tables["deciles"], out / PLOTS["deciles"], args.completed_only, label)
-    plot_age(tables["age"], out / PLOTS["age"], label)
+    plot_age(tables["age"], out / PLOTS["age"], label, tables["fresh_age"])
     plot_steps(tables["steps"], out / PLOTS["steps"], label, settings["k_rep"])
+    if settings.get("strategy") != "naive":
+        plot_drift(tables["drift"], out / PLOTS["drift"], label, settings["tau"])
     document = {"settings": settings, **tables}
     (out / "tables.json").write_text(json.dumps(_json_safe(document), indent=1) + "\n")
     for name in PLOTS.values():
-        print(out / name)
+        if (out / name).exists():
+            print(out / name)
     return tables
 
 

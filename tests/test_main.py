@@ -190,9 +190,11 @@ FAKE_VERL = textwrap.dedent(r"""
             raise RuntimeError("the reward worker died\nsecond line")
         assert list(config.trainer.logger) == (["console", "file"] if config.verbose else ["file"])
         with open(os.environ["VERL_FILE_LOGGER_PATH"], "wb", buffering=0) as handle:
-            for step in (1, 2):
+            for step in range(1, config.trainer.total_training_steps + 1):
                 data = {"critic/score/mean": 0.25 * step, "actor/pg_loss": -0.01, "actor/grad_norm": 1.5,
                         "timing_s/step": 3.25}
+                if os.environ["FAKE_MODE"] == "floor":  # the fresh groups drift by 0.1 or more
+                    data.update({"replay/accepted": 0.0, "replay/drift_fresh/p50": 0.1 * step})
                 handle.write(json.dumps({"step": step, "data": data}).encode() + b"\n")
                 time.sleep(0.7)
 
@@ -228,6 +230,29 @@ def test_console_shows_our_lines_and_verl_log_holds_the_rest(tmp_path, tiny_asse
     assert config["run_dir"] == str(run_dir) and config["replay"]["event_log"] == f"{run_dir}/replay_events.jsonl"
     assert config["trainer"]["default_local_dir"] == f"{run_dir}/checkpoints"
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_tau_at_or_below_the_drift_floor_is_told_once_after_two_steps(tmp_path, tiny_assets):
+    result, _ = run_cli(
+        tmp_path,
+        "trainer.total_training_steps=3",
+        "replay.strategy=headroom_drift",
+        "replay.tau=0.12",
+        script=FAKE_VERL,
+        env={"FAKE_MODE": "floor"},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("step ", "verl_replay: warning"))]
+    assert [line.split(" | ")[0] for line in lines] == [
+        "step 1/3",
+        "step 2/3",
+        "verl_replay: warning: replay.tau=0.12 "
+        "is at or below the drift floor 0.15 (median drift of this run's fresh groups, replay/drift_fresh/p50, over 2 "
+        "steps): the gate will reject nearly every buffered group; set replay.tau above the floor "
+        "(docs/headroom_drift.md, choosing tau)",
+        "step 3/3",
+    ]
+    assert "floor/tau 0.1/0.12" in lines[0]
 
 
 def test_a_failed_training_ends_with_one_line_and_exit_code_1(tmp_path, tiny_assets):
@@ -267,3 +292,17 @@ def test_the_done_line_survives_a_deleted_working_directory(tmp_path):
         assert _shown(tmp_path / "outputs" / "run") == str(tmp_path / "outputs" / "run")
     finally:
         os.chdir(before)
+
+
+@pytest.mark.parametrize("loss_mode", ["clip_cov", "kl_cov"])
+def test_a_micro_batch_wide_policy_loss_is_refused_before_ray_with_replay(tmp_path, loss_mode):
+    result, _ = run_cli(
+        tmp_path, "replay.strategy=headroom_drift", f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}"
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"verl_replay: actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} "
+    ), result.stderr
+    assert "with replay.strategy=headroom_drift use one of: vanilla, " in lines[0]
+    assert list(tmp_path.iterdir()) == []  # nothing written, Ray never started

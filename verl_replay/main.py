@@ -394,14 +394,19 @@ def train(config: DictConfig, replay_config: ReplayConfig, run_dir: RunDir, quie
 
 def follow_steps(config: DictConfig, replay_config: ReplayConfig, metrics_path: Path) -> Any:
     """The progress bar and one console line per step, read back from verl's metrics file."""
-    from verl_replay.integrations.verl.console import StepFollower, step_fields
+    from verl_replay.integrations.verl.console import DriftFloorWatch, StepFollower, step_fields
 
     out = console()
     total = OmegaConf.select(config, "trainer.total_training_steps")
+    split = OmegaConf.select(config, "trainer.v1.trainer_mode") != "sync"
+    floor = DriftFloorWatch(replay_config.tau)
 
     def on_step(step: int, data: dict) -> None:
         out.advance(step)
-        out.line(step_line(step, total, step_fields(data, replay_config)))
+        out.line(step_line(step, total, step_fields(data, replay_config, split=split)))
+        warning = floor.update(data) if replay_config.uses_headroom_drift else None
+        if warning:
+            out.line(warning)
 
     follower = StepFollower(metrics_path, on_step, on_idle=out.refresh)
     out.start_progress(total)

@@ -10,8 +10,12 @@ import torch
 
 from verl_replay.headroom_drift.buffer import HeadroomDriftBuffer
 from verl_replay.headroom_drift.events import (
+    EVENT_TYPES,
     ReplayEventLog,
+    buffer_state_record,
+    fresh_record,
     read_events,
+    round_record,
     scan_record,
     step_record,
 )
@@ -128,6 +132,7 @@ def test_infinite_drift_and_none_roundtrip(tmp_path):
         accepted=False,
         age=2,
         birth_step=-1,
+        generated_version=-3,
     )
     with ReplayEventLog(path) as log:
         log.write(rec)
@@ -135,3 +140,28 @@ def test_infinite_drift_and_none_roundtrip(tmp_path):
     back = read_events(path)
     assert back[0]["drift"] == math.inf and back[0]["replay_kl"] is None
     assert back[1]["stats"] == {"scanned": 1, "drift_scanned/mean": math.inf}
+
+
+def test_fresh_round_and_buffer_state_records_roundtrip(tmp_path):
+    path = tmp_path / "e.jsonl"
+    records = [
+        fresh_record(step=3, age=[1, 2], drift=[0.01, math.inf]),
+        fresh_record(step=3, age=[1]),
+        round_record(step=3, round=1, stats={"replay_rows": 8, "inject_seconds": 0.5, "note": "dropped"}),
+        buffer_state_record("checkpoint", step=4, buffer_fingerprint="ab" * 32, buffer_size=7, next_group_id=9),
+        buffer_state_record("resume", step=4, buffer_fingerprint="ab" * 32, buffer_size=7, next_group_id=9),
+    ]
+    with ReplayEventLog(path) as log:
+        log.extend(records)
+    back = read_events(path)
+    assert back == records and {r["event"] for r in back} <= set(EVENT_TYPES)
+    assert back[0]["drift"][1] == math.inf and back[1]["drift"] is None
+    assert back[2]["stats"] == {"replay_rows": 8, "inject_seconds": 0.5}
+    with pytest.raises(ValueError, match="2 drifts for 1 ages"):
+        fresh_record(step=1, age=[1], drift=[0.1, 0.2])
+    with pytest.raises(ValueError, match="'checkpoint' or 'resume'"):
+        buffer_state_record("step", step=1, buffer_fingerprint="", buffer_size=0, next_group_id=0)
+    # a resume from step 3 keeps the checkpoint of step 3 and drops what later steps wrote
+    with ReplayEventLog(path, resume_from_step=3) as log:
+        pass
+    assert [r["event"] for r in read_events(path)] == ["fresh", "fresh", "round"]

@@ -16,6 +16,7 @@ import os
 import shlex
 import signal
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 import yaml
 
 # what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
-E2E_SECONDS = 405
+E2E_SECONDS = 500  # the HD recipe runs twice: killed after a checkpoint, then resumed
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
@@ -396,21 +397,6 @@ TINY_SPLIT = (
 )
 
 
-def check_replay_once_per_global_step(run_dir: Path, metrics: list[dict], k_rep: int) -> None:
-    from verl_replay.headroom_drift.events import read_events
-
-    events = read_events(run_dir / "replay_events.jsonl")
-    born = {e["group_id"]: e["step"] for e in events if e["event"] == "ingress"}
-    scans = [e for e in events if e["event"] == "scan"]
-    assert all(e["step"] > born[e["group_id"]] for e in scans), "a group was scanned in the step it was admitted"
-    accepted = [(e["step"], e["group_id"]) for e in scans if e["accepted"]]
-    assert len(accepted) == len(set(accepted)), "a group was replayed twice in one global step"
-    for m in metrics:
-        step = m["step"]
-        in_log = sum(1 for s, _ in accepted if s == step)
-        assert m["data"]["replay/accepted"] == in_log <= k_rep, (step, m["data"]["replay/accepted"], in_log)
-
-
 def test_tiny_recipe_dry_run_prints_the_split_placement(tmp_path) -> None:
     run = run_recipe("headroom_drift_math.sh", {**_tiny_env(tmp_path), "DRY_RUN": "1", "STAGES": "train"}, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -425,8 +411,43 @@ def test_tiny_recipe_dry_run_prints_the_split_placement(tmp_path) -> None:
     ) == (1, 1)
 
 
+def spawn_recipe(script: str, env: dict[str, str], *args: str, log_dir: Path) -> subprocess.Popen:
+    """Start a recipe without waiting, leading a session of its own (bash, the driver, the Ray
+    cluster), its output in ``log_dir``: a test can kill all of it."""
+    full_env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("VERL_FILE_LOGGER_PATH", "TINY", "DRY_RUN", "RAY_ADDRESS", "PREFLIGHT")
+    }
+    full_env.update(env)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "stdout", "w") as out, open(log_dir / "stderr", "w") as err:
+        return subprocess.Popen(
+            ["bash", str(RECIPES / script), *args],
+            cwd=REPO,
+            env=full_env,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+
+
 @pytest.mark.e2e
-def test_tiny_headroom_drift_recipe_runs_every_stage(tmp_path) -> None:
+def test_tiny_headroom_drift_recipe_runs_every_stage_through_a_crash(tmp_path) -> None:
+    """The recipe's own path (separate_async, 2 rounds per global step), killed with SIGKILL at a random
+    moment after a checkpoint and resumed by running it again on its run dir: the buffer the resumed
+    run loaded is the one the checkpoint saved, no group is lost or trained twice, the event log and
+    the metrics go on without a gap or a repeat, and over the whole run every replay count, token
+    share and second is a total of its global step, checked against the update's own record of what
+    it trained on (``split_checks``)."""
+    from crash import kill_after_checkpoint
+    from replay_audit import FRESH, read_audit
+    from split_checks import check_group_replay_run
+
+    from verl_replay.compare.collect import read_metrics
+    from verl_replay.headroom_drift.buffer import HeadroomDriftBuffer
+    from verl_replay.headroom_drift.events import read_events
+
     env = {
         **_tiny_env(tmp_path),
         "TOTAL_STEPS": "5",
@@ -435,33 +456,75 @@ def test_tiny_headroom_drift_recipe_runs_every_stage(tmp_path) -> None:
         "K_REP": "2",
         "TAU": "10",
         "SCAN_CHUNK_GROUPS": "16",
+        "SAVE_FREQ": "2",
     }
     audit, dump = tmp_path / "audit", tmp_path / "rollouts"
     # extra arguments reach the training stage as Hydra overrides: what the update trained on, and
     # verl's own rollout dump, for the checks against independent sources below
-    run = run_recipe(
-        "headroom_drift_math.sh",
-        env,
+    overrides = (
         f"replay.audit_dir={audit}",
         f"trainer.rollout_data_dir={dump}",
         "algorithm.rollout_correction.rollout_is=token",
-        timeout=1200,
+    )
+    run_dir = tmp_path / "out" / "headroom_drift_math" / "hd_b16_r8"
+    checkpoints = run_dir / "checkpoints"
+    started = time.monotonic()
+    killed_after = kill_after_checkpoint(
+        spawn_recipe("headroom_drift_math.sh", env, *overrides, log_dir=tmp_path / "killed"),
+        checkpoints / "latest_checkpointed_iteration.txt",
+        timeout_s=1200,
+    )
+    killed_at = time.monotonic()
+    saved = HeadroomDriftBuffer.from_file(checkpoints / f"global_step_{killed_after}" / "replay" / "group_buffer.pt")
+    killed_audit = [row for row in read_audit(audit) if row.global_step <= killed_after]  # later steps run again
+    audit.rename(tmp_path / "audit_killed")
+
+    run = run_recipe("headroom_drift_math.sh", env, *overrides, timeout=1200)  # the same command: its run dir
+    print(
+        f"killed run {killed_at - started:.0f} s, resumed run (steps {killed_after + 1}-5, eval) "
+        f"{time.monotonic() - killed_at:.0f} s"
     )
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    assert "verl_replay: " in run.stdout and "resuming" in run.stdout, run.stdout[-2000:]
     train = run.command("train")
     assert all(override in train for override in TINY_SPLIT), train
-    run_dir = tmp_path / "out" / "headroom_drift_math" / "hd_b16_r8"
-    metrics = _metrics(run_dir)
-    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
-    accepted = [m["data"]["replay/accepted"] for m in metrics]
-    assert accepted[0] == 0 and sum(accepted) > 0  # TAU=10 accepts every scanned group
-    check_replay_once_per_global_step(run_dir, metrics, k_rep=2)
-    # counts per global step, optimiser steps, scan rows <= (scanned + 1) x n at scan_chunk_groups=16,
-    # replayed rows' anchors and advantages, fresh-only critic/score
-    from split_checks import check_group_replay_run
 
-    check_group_replay_run(run_dir, [m["data"] for m in metrics], audit, dump, k_rep=2, steps=5)
-    hf_model = run_dir / "checkpoints" / "global_step_5" / "actor" / "huggingface"
+    # metrics: the killed run's segment (kept aside) holds every step up to its checkpoint, the resumed
+    # run every step after it, once
+    killed = [step for step, _ in read_metrics(run_dir / "metrics.1.jsonl")]
+    resumed = _metrics(run_dir)
+    assert [m["step"] for m in resumed] == list(range(killed_after + 1, 6))
+    assert [step for step in killed if step <= killed_after] == list(range(1, killed_after + 1))
+    merged = {step: data for step, data in read_metrics(run_dir / "metrics.1.jsonl") if step <= killed_after}
+    merged.update((m["step"], m["data"]) for m in resumed)
+    metrics = [merged[step] for step in sorted(merged)]
+
+    # the buffer right after the resumed load is the one the checkpoint saved: the resume record's
+    # fingerprint is the killed run's own at its save and the saved file's; its groups are those the
+    # event log, counted record by record, says were buffered then
+    events = read_events(run_dir / "replay_events.jsonl")
+    checkpoint = [e for e in events if e["event"] == "checkpoint" and e["step"] == killed_after]
+    resume = [e for e in events if e["event"] == "resume"]
+    assert len(checkpoint) == 1 and len(resume) == 1 and resume[0]["step"] == killed_after
+    assert resume[0]["buffer_fingerprint"] == checkpoint[0]["buffer_fingerprint"] == saved.fingerprint()
+    buffered = {e["group_id"] for e in events if e["event"] == "ingress" and e["step"] <= killed_after}
+    buffered -= {e["group_id"] for e in events if e["event"] == "evict" and e["step"] <= killed_after}
+    assert set(saved.groups_by_id) == buffered and resume[0]["buffer_size"] == len(buffered)
+    # no group lost or duplicated: ids handed out once, in order; the last checkpoint holds exactly the
+    # groups admitted and not evicted; no fresh group of one step trained again in another
+    admitted = [e["group_id"] for e in events if e["event"] == "ingress"]
+    assert admitted == list(range(len(admitted)))
+    evicted = {e["group_id"] for e in events if e["event"] == "evict"}
+    final = HeadroomDriftBuffer.from_file(checkpoints / "global_step_5" / "replay" / "group_buffer.pt")
+    assert set(final.groups_by_id) == set(admitted) - evicted and final.next_group_id == len(admitted)
+    rows = killed_audit + read_audit(audit)
+    fresh_prompts = {(row.global_step, row.tokens[0]) for row in rows if row.source == FRESH}
+    assert len({prompt for _, prompt in fresh_prompts}) == len(fresh_prompts) == 5 * 4
+
+    check_group_replay_run(run_dir, metrics, rows, dump, k_rep=2, steps=5)
+    accepted = [m["replay/accepted"] for m in metrics]
+    assert accepted[0] == 0 and sum(accepted) > 0  # TAU=10 accepts every scanned group
+    hf_model = checkpoints / "global_step_5" / "actor" / "huggingface"
     assert (hf_model / "config.json").is_file()
     evaluation = run.command("eval")
     assert flag(evaluation, "--model") == str(hf_model) and flag(evaluation, "--backend") == "hf"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from verl_replay.headroom_drift.buffer import HeadroomDriftBuffer, ReplayGroup
-from verl_replay.headroom_drift.events import ReplayEventLog
+from verl_replay.headroom_drift.events import ReplayEventLog, fresh_record
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "plot_replay_dynamics.py"
 
@@ -73,8 +73,10 @@ def logged_run(tmp_path):
                 res = buf.select(step, _scorer(step))
                 log.log_selection(res)
                 fresh = [_group(gen) for _ in range(4)]
-                adm = buf.admit(fresh, step)
+                # split placement: generated one version behind the weights the step started from
+                adm = buf.admit(fresh, step, generated_versions=[step - 2] * len(fresh))
                 log.log_admit(adm)
+                log.write(fresh_record(step=step, age=[1] * 4, drift=[0.02 + 0.01 * i for i in range(4)]))
                 log.log_step(step, {**res.stats, "ingress": adm["ingress"]})
                 groups += [g for g in fresh if g.group_id >= 0]
                 results.append(res)
@@ -133,11 +135,23 @@ def test_plots_and_tables_match_direct_computation(logged_run, tmp_path):
         assert row["acceptance_rate"] == pytest.approx(acc[row["age"]] / scans[row["age"]])
     assert 0 < sum(acc.values()) < sum(scans.values())
 
+    assert min(scans) >= 2  # admitted one version stale, scanned at least a step later
+    assert tables["fresh_age"] == [{"age": 1, "groups": 4 * 30}]
+
     # (c) scan depth / accepted per step from the stats
     assert [r["step"] for r in tables["steps"]] == list(range(30))
     for row, res in zip(tables["steps"], results, strict=True):
         assert row["scan_depth"] == res.stats["scan_depth"]
         assert row["accepted"] == len(res.groups)
+
+    # (d) drift per step from the selection results, the floor from the fresh records
+    by_step = {row["step"]: row for row in tables["drift"]}
+    assert sorted(by_step) == list(range(30))
+    for res in results:
+        row = by_step[res.step]
+        assert row["drift_accepted"] == [r.drift for r in res.records if r.accepted]
+        assert row["drift_rejected"] == [r.drift for r in res.records if not r.accepted]
+        assert row["floor_p50"] == pytest.approx(0.035) and row["floor_p90"] == pytest.approx(0.047)
 
 
 def test_completed_only_and_empty_log(logged_run, tmp_path):
@@ -152,7 +166,7 @@ def test_completed_only_and_empty_log(logged_run, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     t = mod.main(["--events", str(empty), "--out-dir", str(tmp_path / "b")])
-    assert t == {"deciles": [], "age": [], "steps": []}
+    assert t == {"deciles": [], "age": [], "fresh_age": [], "steps": [], "drift": []}
     assert json.loads((tmp_path / "b" / "tables.json").read_text())["settings"] == {
         "strategy": None,
         "tau": None,
@@ -198,5 +212,23 @@ def test_plots_show_counts_integer_ticks_and_the_runs_settings(logged_run, tmp_p
     assert _integral(ax.get_xticks()) and _integral(ax.get_yticks())
     assert "K_rep = 3" in [line.get_label() for line in ax.get_lines()]
 
+    age = mod.plot_age(tables["age"], tmp_path / "a2.png", label, tables["fresh_age"])
+    assert "fresh groups" in age.axes[0].get_legend_handles_labels()[1]
+    drift = mod.plot_drift(tables["drift"], tmp_path / "f.png", label, settings["tau"])
+    ax = drift.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines["tau = 0.17"].get_ydata()) == {0.17}
+    assert list(lines["drift floor (fresh p50)"].get_ydata()) == pytest.approx([0.035] * 30)
+    assert ax.get_title().endswith("(headroom_drift, tau=0.17, K_rep=3)")
+
     mod.main(["--events", str(path), "--out-dir", str(tmp_path / "plots")])
     assert json.loads((tmp_path / "plots" / "tables.json").read_text())["settings"]["tau"] == 0.17
+
+
+def test_the_naive_baseline_gets_no_drift_plot(logged_run, tmp_path):
+    path, _, _ = logged_run
+    (path.parent / "config.yaml").write_text("replay:\n  strategy: naive\n  k_rep: 3\n")
+    mod = _load_script()
+    out = tmp_path / "naive"
+    mod.main(["--events", str(path), "--out-dir", str(out)])
+    assert not (out / mod.PLOTS["drift"]).exists() and (out / mod.PLOTS["steps"]).exists()

@@ -2,14 +2,26 @@
 
 One JSON object per line, each with an ``"event"`` field:
 
-* ``ingress``: step, group_id, birth_step, initial_headroom, n, num_correct
-* ``scan``:    step, group_id, rank, drift, replay_kl, headroom_before, headroom_after,
-               accepted, age, birth_step
-* ``evict``:   step, group_id, birth_step, lifetime_replay_count
-* ``step``:    step, stats (the selection statistics merged with the ingress counts)
+* ``ingress``:    step, group_id, birth_step, generated_version, initial_headroom, n, num_correct
+* ``scan``:       step, group_id, rank, drift, replay_kl, headroom_before, headroom_after,
+                  accepted, age, birth_step, generated_version
+* ``evict``:      step, group_id, birth_step, lifetime_replay_count
+* ``fresh``:      step, age, drift (one entry per fresh group of the step, in the same order;
+                  drift is ``null`` where the floor is not measured, see below)
+* ``round``:      step, round, stats (what one update round of the step added: replayed groups,
+                  rows, tokens by source, optimiser steps, seconds; the step's totals are their sums)
+* ``step``:       step, stats (the selection statistics merged with the ingress counts)
+* ``checkpoint``: step, buffer_fingerprint, buffer_size, next_group_id (the buffer as saved)
+* ``resume``:     step, buffer_fingerprint, buffer_size, next_group_id (the buffer as loaded)
 
-``drift`` may be ``Infinity`` (a token the current policy gives probability 0) and is ``null``
-for the naive buffer, which never scores groups. Records are buffered in memory and written by
+``birth_step`` is the global step that admitted a group, ``generated_version`` the weight version
+that generated it (version v: the weights after step v; step t trains from version t - 1), and
+``age`` counts weight versions since generation: ``(step - 1) - generated_version``. A ``fresh``
+record holds, for each of the step's fresh groups, the drift between the rollout engine's
+log-probs and the trainer's log-probs under the weights the step started from (the statistic
+the gate applies to buffered groups), and the group's age. ``drift`` may be ``Infinity`` (a
+token the current policy gives probability 0) and is ``null`` for the naive buffer, which never
+scores groups. Records are buffered in memory and written by
 :meth:`ReplayEventLog.flush`, which :meth:`ReplayEventLog.log_step` calls once per step, so a
 crash loses at most the current step. The file is opened in append mode: a resumed run keeps
 writing to the same file; pass ``resume_from_step`` to drop records of steps after the
@@ -27,14 +39,17 @@ from typing import Any
 __all__ = [
     "EVENT_TYPES",
     "ReplayEventLog",
+    "buffer_state_record",
     "evict_record",
+    "fresh_record",
     "ingress_record",
     "read_events",
+    "round_record",
     "scan_record",
     "step_record",
 ]
 
-EVENT_TYPES: tuple[str, ...] = ("ingress", "scan", "evict", "step")
+EVENT_TYPES: tuple[str, ...] = ("ingress", "scan", "evict", "fresh", "round", "step", "checkpoint", "resume")
 
 
 def _opt_float(x: float | None) -> float | None:
@@ -42,13 +57,21 @@ def _opt_float(x: float | None) -> float | None:
 
 
 def ingress_record(
-    *, step: int, group_id: int, birth_step: int, initial_headroom: float, n: int, num_correct: int
+    *,
+    step: int,
+    group_id: int,
+    birth_step: int,
+    generated_version: int,
+    initial_headroom: float,
+    n: int,
+    num_correct: int,
 ) -> dict[str, Any]:
     return {
         "event": "ingress",
         "step": int(step),
         "group_id": int(group_id),
         "birth_step": int(birth_step),
+        "generated_version": int(generated_version),
         "initial_headroom": float(initial_headroom),
         "n": int(n),
         "num_correct": int(num_correct),
@@ -67,6 +90,7 @@ def scan_record(
     accepted: bool,
     age: int,
     birth_step: int,
+    generated_version: int,
 ) -> dict[str, Any]:
     return {
         "event": "scan",
@@ -80,6 +104,7 @@ def scan_record(
         "accepted": bool(accepted),
         "age": int(age),
         "birth_step": int(birth_step),
+        "generated_version": int(generated_version),
     }
 
 
@@ -93,13 +118,48 @@ def evict_record(*, step: int, group_id: int, birth_step: int, lifetime_replay_c
     }
 
 
-def step_record(*, step: int, stats: Mapping[str, Any]) -> dict[str, Any]:
+def fresh_record(*, step: int, age: Sequence[int], drift: Sequence[float] | None = None) -> dict[str, Any]:
+    """One step's fresh groups: their ages and (``None`` when not measured) their drift floor."""
+    if drift is not None and len(drift) != len(age):
+        raise ValueError(f"fresh record: {len(drift)} drifts for {len(age)} ages")
+    return {
+        "event": "fresh",
+        "step": int(step),
+        "age": [int(a) for a in age],
+        "drift": None if drift is None else [float(d) for d in drift],
+    }
+
+
+def buffer_state_record(
+    event: str, *, step: int, buffer_fingerprint: str, buffer_size: int, next_group_id: int
+) -> dict[str, Any]:
+    """``checkpoint`` (the buffer a checkpoint saved) or ``resume`` (the buffer a run loaded)."""
+    if event not in ("checkpoint", "resume"):
+        raise ValueError(f"buffer state records are 'checkpoint' or 'resume', got {event!r}")
+    return {
+        "event": event,
+        "step": int(step),
+        "buffer_fingerprint": str(buffer_fingerprint),
+        "buffer_size": int(buffer_size),
+        "next_group_id": int(next_group_id),
+    }
+
+
+def _numeric(stats: Mapping[str, Any]) -> dict[str, Any]:
     clean: dict[str, Any] = {}
     for key, value in stats.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue  # only numeric statistics go into the summary
         clean[str(key)] = float(value) if isinstance(value, float) else int(value)
-    return {"event": "step", "step": int(step), "stats": clean}
+    return clean
+
+
+def round_record(*, step: int, round: int, stats: Mapping[str, Any]) -> dict[str, Any]:
+    return {"event": "round", "step": int(step), "round": int(round), "stats": _numeric(stats)}
+
+
+def step_record(*, step: int, stats: Mapping[str, Any]) -> dict[str, Any]:
+    return {"event": "step", "step": int(step), "stats": _numeric(stats)}
 
 
 def _parse_lines(text: str, path: Path) -> list[dict[str, Any]]:

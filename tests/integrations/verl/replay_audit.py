@@ -16,6 +16,8 @@ class AuditedRow:
     """One row of one micro-batch as the update saw it."""
 
     optimizer_step: int
+    global_step: int  # the global step of the update (-1: not recorded)
+    round: int  # its update round within the global step (-1: not recorded)
     source: int
     group_id: int
     tokens: tuple[tuple[int, ...], tuple[int, ...]]  # (prompt, valid response tokens)
@@ -30,6 +32,7 @@ def read_audit(directory: Path) -> list[AuditedRow]:
     for path in sorted(Path(directory).glob("*.pt")):
         record = torch.load(path)
         step = int(record.get("replay_optimizer_step", -1))
+        global_step, round_index = int(record.get("replay_global_step", -1)), int(record.get("replay_round", -1))
         for i in range(record["responses"].shape[0]):
             valid = int(record["response_mask"][i].sum())
             if valid == 0:  # verl's synthetic padding rows
@@ -37,6 +40,8 @@ def read_audit(directory: Path) -> list[AuditedRow]:
             rows.append(
                 AuditedRow(
                     optimizer_step=step,
+                    global_step=global_step,
+                    round=round_index,
                     source=int(record["replay_source"][i]),
                     group_id=int(record["replay_group_id"][i]),
                     tokens=(tuple(record["prompts"][i].tolist()), tuple(record["responses"][i][:valid].tolist())),

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from verl_replay.config import ReplayConfig
 from verl_replay.integrations.verl.console import (
+    DriftFloorWatch,
     StepFollower,
     describe_failure,
     quiet_logger_backends,
@@ -45,6 +46,8 @@ def test_plain_grpo_shows_score_losses_length_and_time():
         ("resp_len", 6.9),
         ("time", "20.3s"),
     ]
+    fields = step_fields({**STEP, "response_length/clip_ratio": 0.0}, ReplayConfig.from_mapping(None))
+    assert ("trunc", 0.0) in fields
 
 
 def test_replay_summary_follows_the_strategy():
@@ -62,6 +65,42 @@ def test_replay_summary_follows_the_strategy():
     assert elite["elite_nll"] == 1.9 and elite["elite_rows"] == 8.0 and "replayed" not in elite
     # a step that did not report a key simply leaves it out
     assert "score" not in dict(step_fields({"actor/pg_loss": 0.1}, ReplayConfig.from_mapping(None)))
+
+
+def test_truncation_staleness_and_the_drift_floor_next_to_tau():
+    data = {
+        **STEP,
+        **REPLAY,
+        "response_length/clip_ratio": 0.25,
+        "training/off_policy/trajectory_staleness/mean": 1.0,
+        "replay/drift_fresh/p50": 0.0123,
+    }
+    hd = ReplayConfig.from_mapping({"strategy": "headroom_drift", "tau": 0.08})
+    split = dict(step_fields(data, hd, split=True))
+    assert split["trunc"] == 0.25 and split["stale"] == 1.0 and split["floor/tau"] == "0.0123/0.08"
+    synchronous = dict(step_fields(data, hd))
+    assert "stale" not in synchronous and synchronous["trunc"] == 0.25
+    naive = dict(step_fields(data, ReplayConfig.from_mapping({"strategy": "naive"}), split=True))
+    assert "floor/tau" not in naive  # no gate
+    nothing = dict(step_fields({**data, "replay/accepted": 0.0}, hd))
+    assert nothing["floor/tau"] == "0.0123/0.08"  # shown when nothing was accepted: that is when it explains
+
+
+def test_the_floor_warning_comes_once_after_the_first_steps():
+    watch = DriftFloorWatch(0.05, warmup_steps=2)
+    assert watch.update({"replay/drift_fresh/p50": 0.2}) is None  # one step is not a floor yet
+    assert watch.update({}) is None  # steps without the metric do not count
+    message = watch.update({"replay/drift_fresh/p50": 0.04})
+    assert message.startswith("verl_replay: warning: replay.tau=0.05 is at or below the drift floor 0.12 ")
+    assert "replay/drift_fresh/p50" in message and "set replay.tau above" in message
+    assert watch.update({"replay/drift_fresh/p50": 0.3}) is None  # once
+    quiet = DriftFloorWatch(0.08)
+    for floor in (0.01, 0.03, 0.5, 0.02):  # running medians 0.02, 0.03, 0.025: below tau
+        assert quiet.update({"replay/drift_fresh/p50": floor}) is None
+    assert DriftFloorWatch(0.02).update({"replay/drift_fresh/p50": 0.02}) is None  # warmup
+    at = DriftFloorWatch(0.02)
+    at.update({"replay/drift_fresh/p50": 0.02})
+    assert at.update({"replay/drift_fresh/p50": 0.02}) is not None  # tau equal to the floor warns
 
 
 def test_console_backend_is_dropped_and_file_kept():

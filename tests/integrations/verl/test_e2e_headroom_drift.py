@@ -15,6 +15,7 @@ import math
 
 import pytest
 import torch
+from crash import kill_after_checkpoint
 from replay_audit import GROUP_REPLAY, first_fresh_occurrences, read_audit
 
 from verl_replay.compare.collect import read_metrics
@@ -49,53 +50,6 @@ def _selection_events(path) -> tuple[list[tuple], list[float]]:
         elif record["event"] == "evict":
             decisions.append(("evict", record["step"], record["group_id"]))
     return decisions, numbers
-
-
-def kill_after_checkpoint(process, latest_file, timeout_s: float = 900.0) -> int:
-    """SIGKILL the run (driver and Ray cluster) at a random moment after its checkpoint at step 2
-    or 4 was marked latest; returns that step. The moment is drawn fresh each run (and printed)."""
-    import os
-    import random
-    import signal
-    import time
-
-    import psutil
-
-    rng = random.Random()
-    target, delay = rng.choice([2, 4]), rng.uniform(0.0, 1.5)
-    print(f"killing the run {delay:.2f} s after its checkpoint at step {target}")
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if process.poll() is not None:
-            pytest.fail(f"the run ended (rc {process.returncode}) before its checkpoint at step {target}")
-        if latest_file.exists() and latest_file.read_text().strip() == str(target):
-            break
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"no checkpoint at step {target} within {timeout_s} s")
-        time.sleep(0.05)
-    time.sleep(delay)
-    if process.poll() is not None:
-        pytest.fail("the run ended before it could be killed")
-    tree = [process.pid] + [child.pid for child in psutil.Process(process.pid).children(recursive=True)]
-    os.killpg(process.pid, signal.SIGKILL)
-    for pid in tree:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    process.wait(timeout=60)
-    psutil.wait_procs([p for p in map(_process, tree) if p is not None], timeout=60)
-    return target
-
-
-def _process(pid):
-    import psutil
-
-    try:
-        return psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return None
 
 
 def test_headroom_drift_replay_end_to_end(run_main, spawn_main, tmp_path):
@@ -169,10 +123,10 @@ def test_headroom_drift_replay_end_to_end(run_main, spawn_main, tmp_path):
     )
     assert "resuming outputs/hd_crashed" in second.output
     assert [m["training/global_step"] for m in second.metrics] == list(range(killed_after + 1, 7))
-    # The killed run's metrics were kept aside (metrics.1.jsonl): the steps before its checkpoint
-    # (verl marks the checkpoint before it logs that step, so the checkpointed step may be missing).
-    recomputed = {step: data for step, data in read_metrics(crashed_dir / "metrics.1.jsonl") if step < killed_after}
-    assert sorted(recomputed) == list(range(1, killed_after))
+    # The killed run's metrics were kept aside (metrics.1.jsonl): every step up to its checkpoint, the
+    # checkpointed step included (a checkpoint is marked latest only after its step's line is written).
+    recomputed = {step: data for step, data in read_metrics(crashed_dir / "metrics.1.jsonl") if step <= killed_after}
+    assert sorted(recomputed) == list(range(1, killed_after + 1))
     recomputed.update((m["training/global_step"], m) for m in second.metrics)
     assert sum(recomputed[step]["replay/accepted"] for step in recomputed) > 0  # replayed rows in the compared steps
     for step, again in recomputed.items():

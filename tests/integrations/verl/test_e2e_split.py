@@ -27,17 +27,21 @@ pytestmark = pytest.mark.e2e
 
 
 def test_naive_replay_on_the_split_placement(run_main, tmp_path):
+    """Two PPO epochs: every mini-batch is trained twice, and replay/optimizer_steps counts both."""
     audit, dump = tmp_path / "audit", tmp_path / "rollouts"
     run = run_main(
         *SPLIT,
         "replay.strategy=naive",
         "replay.k_rep=2",
         "trainer.total_training_steps=3",
+        "actor_rollout_ref.actor.ppo_epochs=2",
         f"replay.audit_dir={audit}",
         f"trainer.rollout_data_dir={dump}",
         experiment="naive_split",
     )
-    check_group_replay_run(run.run_dir, run.metrics, audit, dump, steps=3, rollout_correction=False)
+    check_group_replay_run(
+        run.run_dir, run.metrics, audit, dump, steps=3, rollout_correction=False, epochs=2, drift_floor=False
+    )
 
 
 def test_headroom_drift_and_elite_on_the_split_placement(run_main, tiny_archive, tiny_assets, tmp_path):
@@ -57,7 +61,7 @@ def test_headroom_drift_and_elite_on_the_split_placement(run_main, tiny_archive,
         "algorithm.rollout_correction.rollout_is=token",
         experiment="combined_split",
     )
-    check_group_replay_run(run.run_dir, run.metrics, audit, dump, steps=3)
+    check_group_replay_run(run.run_dir, run.metrics, audit, dump, steps=3, elite=True)
     for m in run.metrics:  # elite rows per global step, spread over its rounds, joining its optimiser steps
         assert m["replay/elite/examples"] == 4 and math.isfinite(m["replay/elite/nll"])
     elite = [row for row in read_audit(audit) if row.source == ELITE]

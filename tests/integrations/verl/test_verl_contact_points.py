@@ -100,3 +100,55 @@ def test_separate_async_old_log_prob_snapshot_uses_cpu_copies():
 
     source = inspect.getsource(PPOTrainerSeparateAsync._compute_old_log_prob)
     assert "save_model_to_cpu" in source and "restore_model_from_cpu" in source
+
+
+def test_fit_logs_the_step_after_its_checkpoint_and_before_the_next_step():
+    """The held checkpoint: fit makes ``self.logger`` before its loop, saves before it logs the step
+    with ``self.logger.log(data=metrics, step=self.global_steps)``, and counts the step on only after
+    that log (so the held save still sees the checkpointed step's number), returning after the last."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    source = inspect.getsource(PPOTrainer.fit)
+    order = [
+        "self.logger = Tracking(",
+        "while current_epoch",
+        "self._save_checkpoint()",
+        "self._compute_metrics(",
+        "self.logger.log(data=metrics, step=self.global_steps)",
+        "self.global_steps += 1\n            SkipManager.set_step",
+    ]
+    positions = [source.find(needle) for needle in order]
+    assert source.rfind("if is_last_step:") > positions[-1]  # the last step returns after its log
+    assert -1 not in positions and positions == sorted(positions), dict(zip(order, positions, strict=True))
+    assert source.count("self._save_checkpoint()") == 1
+
+
+def test_trajectories_carry_the_weight_versions_that_generated_them():
+    """Generating versions: verl's agent loop tags each trajectory with min/max_global_steps, the
+    rollout servers' version counters, which the trainers set to the step just finished (version v =
+    the weights after step v); verl's own staleness metric counts from the same numbering."""
+    from verl.trainer.ppo.v1 import agent_loop_tq
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+    from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    agent_loop = inspect.getsource(agent_loop_tq)
+    assert '"min_global_steps": field["extra_fields"].get("min_global_steps")' in agent_loop
+    for method in (PPOTrainerSeparateAsync.on_step_end, PPOTrainerSeparateAsync.on_init_end):
+        assert "update_weights(self.global_steps)" in inspect.getsource(method)
+    assert "update_weights(self.global_steps)" in inspect.getsource(PPOTrainerSync.on_step_end)
+    metrics = inspect.getsource(PPOTrainer._compute_metrics)
+    assert "trajectory_staleness_worst = (global_steps - 1) - min_global_steps" in metrics
+
+
+def test_the_update_runs_every_mini_batch_once_per_epoch_and_carries_extra_info():
+    """replay/optimizer_steps = mini-batches x ppo_epochs; the trainer's extra_info reaches the worker's
+    data as non-tensor fields (the audit's global step and round ride on it)."""
+    from verl.utils import transferqueue_utils
+    from verl.workers.engine_workers import TrainingWorker
+
+    source = inspect.getsource(TrainingWorker.train_mini_batch)
+    assert "epochs=epochs" in source and "self.train_batch(mini_batch_td)" in source
+    assert "meta_info = copy.deepcopy(meta.extra_info)" in inspect.getsource(
+        transferqueue_utils._async_meta_to_realdata
+    )

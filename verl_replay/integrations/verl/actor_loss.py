@@ -34,6 +34,9 @@ from verl_replay.integrations.verl.rows import REPLAY_GROUP_FIELD, REPLAY_SOURCE
 
 ELITE_ROWS_FIELD = "elite_rows_global"
 OPTIMIZER_STEP_FIELD = "replay_optimizer_step"
+# The global step and update round of the update (set by the trainer when auditing).
+AUDIT_STEP_FIELD = "replay_global_step"
+AUDIT_ROUND_FIELD = "replay_round"
 AUDIT_FIELDS = ("responses", "response_mask", "old_log_probs", "advantages")
 OPTIONAL_AUDIT_FIELDS = ("rollout_log_probs", "rollout_is_weights")
 
@@ -160,8 +163,9 @@ class ReplayActorLoss:
         record[REPLAY_SOURCE_FIELD] = source.cpu()
         record[REPLAY_GROUP_FIELD] = torch.as_tensor(data[REPLAY_GROUP_FIELD]).reshape(-1).cpu()
         record["loss"] = float(loss.detach())
-        if OPTIMIZER_STEP_FIELD in data.keys():
-            record[OPTIMIZER_STEP_FIELD] = int(data[OPTIMIZER_STEP_FIELD])
+        for name in (OPTIMIZER_STEP_FIELD, AUDIT_STEP_FIELD, AUDIT_ROUND_FIELD):
+            if name in data.keys():
+                record[name] = int(data[name])
         record["dp_size"] = int(data["dp_size"]) if "dp_size" in data.keys() else 1
         if row_nll is not None:
             record["elite_row_nll"] = row_nll.cpu()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,8 +30,16 @@ from typing import Any, Optional
 from omegaconf import DictConfig, ListConfig, open_dict
 
 from verl_replay.config import ReplayConfig
+from verl_replay.console import format_value
 
-__all__ = ["StepFollower", "describe_failure", "quiet_logger_backends", "quiet_ray_environment", "step_fields"]
+__all__ = [
+    "DriftFloorWatch",
+    "StepFollower",
+    "describe_failure",
+    "quiet_logger_backends",
+    "quiet_ray_environment",
+    "step_fields",
+]
 
 # (label, metric key): what the step line shows, when the step reported it.
 CORE_FIELDS: tuple[tuple[str, str], ...] = (
@@ -38,7 +47,15 @@ CORE_FIELDS: tuple[tuple[str, str], ...] = (
     ("pg_loss", "actor/pg_loss"),
     ("grad_norm", "actor/grad_norm"),
     ("resp_len", "response_length/mean"),
+    # share of fresh responses cut off at the response budget (verl's own metric)
+    ("trunc", "response_length/clip_ratio"),
 )
+# Under split placement: how many weight versions the fresh rows lag behind the trainer (verl's
+# lower bound, from the newest weights a trajectory saw); no importance correction is applied to it
+# unless rollout correction is on.
+STALENESS_FIELD = ("stale", "training/off_policy/trajectory_staleness/mean")
+# The drift floor: the gate's statistic over the step's fresh groups (median), next to tau.
+FLOOR_KEY = "replay/drift_fresh/p50"
 GROUP_REPLAY_FIELDS: tuple[tuple[str, str], ...] = (
     ("buffer", "replay/buffer_size"),
     ("scanned", "replay/scanned"),
@@ -53,20 +70,62 @@ ELITE_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 
-def step_fields(data: Mapping[str, Any], replay: ReplayConfig) -> list[tuple[str, Any]]:
+def step_fields(data: Mapping[str, Any], replay: ReplayConfig, *, split: bool = False) -> list[tuple[str, Any]]:
     """The (label, value) pairs of one step's compact line: score, pg loss, grad norm, response
-    length, the replay summary of the run's strategy, and the step time."""
+    length, truncation rate, the fresh rows' staleness (``split``: split placement), the replay
+    summary of the run's strategy (with the drift floor next to tau), and the step time."""
     fields = [(label, data[key]) for label, key in CORE_FIELDS if key in data]
+    if split and STALENESS_FIELD[1] in data:
+        fields.append((STALENESS_FIELD[0], data[STALENESS_FIELD[1]]))
     if replay.uses_group_buffer and "replay/accepted" in data:
         fields.append(("replayed", f"{int(data['replay/accepted'])}/{replay.k_rep}"))
         fields += [(label, data[key]) for label, key in GROUP_REPLAY_FIELDS if key in data]
         if replay.uses_headroom_drift and data["replay/accepted"] > 0:  # over the accepted groups
             fields += [(label, data[key]) for label, key in DRIFT_FIELDS if key in data]
+        if replay.uses_headroom_drift and FLOOR_KEY in data:
+            fields.append(("floor/tau", f"{format_value(data[FLOOR_KEY])}/{format_value(replay.tau)}"))
     if replay.uses_elite:
         fields += [(label, data[key]) for label, key in ELITE_FIELDS if key in data]
     if "timing_s/step" in data:
         fields.append(("time", f"{float(data['timing_s/step']):.1f}s"))
     return fields
+
+
+class DriftFloorWatch:
+    """Warns once when tau is at or below the measured drift floor.
+
+    Drift compares the trainer's log-probs with the rollout engine's: even groups the current
+    weights just generated drift by the two engines' numeric difference (plus, under split
+    placement, the updates since the rollout began). If tau sits at or below that floor the gate
+    rejects nearly everything, and a run would otherwise just report ``replayed 0/K`` step after
+    step. After ``warmup_steps`` steps that measured it, the floor is the median of their
+    per-step medians (``replay/drift_fresh/p50``).
+    """
+
+    def __init__(self, tau: float, *, warmup_steps: int = 2) -> None:
+        self.tau = float(tau)
+        self.warmup_steps = warmup_steps
+        self.floors: list[float] = []
+        self.warned = False
+
+    def update(self, data: Mapping[str, Any]) -> Optional[str]:
+        """The warning line, the first time the floor reaches tau; None otherwise."""
+        value = data.get(FLOOR_KEY)
+        if self.warned or not isinstance(value, (int, float)):
+            return None
+        self.floors.append(float(value))
+        if len(self.floors) < self.warmup_steps:
+            return None
+        floor = statistics.median(self.floors)
+        if self.tau > floor:
+            return None
+        self.warned = True
+        return (
+            f"verl_replay: warning: replay.tau={self.tau:g} is at or below the drift floor {floor:.4g} (median "
+            f"drift of this run's fresh groups, replay/drift_fresh/p50, over {len(self.floors)} steps): the gate "
+            "will reject nearly every buffered group; set replay.tau above the floor (docs/headroom_drift.md, "
+            "choosing tau)"
+        )
 
 
 def quiet_logger_backends(config: DictConfig) -> None:

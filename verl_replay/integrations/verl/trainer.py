@@ -14,7 +14,11 @@ update rounds under ``separate_async``, one round in ``sync``) is the replay ste
   and advantages (elite rows: IS weight 1, advantage 0);
 - ``_update_actor``: the round's update with its mini-batch plan;
 - ``_compute_metrics``: verl's data metrics over fresh rows only;
-- ``_save_checkpoint`` / ``_load_checkpoint``: replay state saved with verl's checkpoints.
+- ``_save_checkpoint`` / ``_load_checkpoint``: replay state saved with verl's checkpoints. verl's
+  ``fit`` saves before it computes and logs the step's metrics; a run killed in between would
+  resume after a step whose metrics line was never written. The save is therefore held until
+  verl's logger has written the step's line (``_hold_checkpoints_until_logged``): a checkpoint is
+  never marked latest before its step's metrics are on disk.
 
 With ``replay.strategy=none`` no hook changes anything and the run is verl's own GRPO.
 """
@@ -41,7 +45,8 @@ from verl.trainer.ppo.v1 import PPOTrainerSeparateAsync, PPOTrainerSync
 from verl.utils.debug.metrics import calculate_debug_metrics
 
 from verl_replay.config import ReplayConfig
-from verl_replay.integrations.verl.actor_loss import ReplayActorLoss
+from verl_replay.integrations.verl.actor_loss import AUDIT_ROUND_FIELD, AUDIT_STEP_FIELD, ReplayActorLoss
+from verl_replay.integrations.verl.console import DriftFloorWatch
 from verl_replay.integrations.verl.group_replay import GroupReplayStream, PolicyScorer
 from verl_replay.integrations.verl.rows import (
     REPLAY_GROUP_FIELD,
@@ -83,7 +88,21 @@ class _StepTotals:
         finally:
             self.replay_seconds += time.perf_counter() - start
 
-    def metrics(self, scan_forward_seconds: float) -> dict[str, float]:
+    def mark(self) -> tuple[float, int, dict[int, int]]:
+        return self.replay_seconds, self.optimizer_steps, dict(self.tokens)
+
+    def since(self, mark: tuple[float, int, dict[int, int]]) -> dict[str, float]:
+        """What was added after ``mark`` (one round's share, for the event log's round record)."""
+        seconds, steps, tokens = mark
+        return {
+            "optimizer_steps": float(self.optimizer_steps - steps),
+            "tokens_fresh": float(self.tokens[SOURCE_FRESH] - tokens[SOURCE_FRESH]),
+            "tokens_group_replay": float(self.tokens[SOURCE_GROUP_REPLAY] - tokens[SOURCE_GROUP_REPLAY]),
+            "tokens_elite": float(self.tokens[SOURCE_ELITE] - tokens[SOURCE_ELITE]),
+            "replay_seconds": self.replay_seconds - seconds,
+        }
+
+    def metrics(self, scan_forward_seconds: float, end_step_seconds: float) -> dict[str, float]:
         total = sum(self.tokens.values()) or 1
         return {
             "replay/optimizer_steps": float(self.optimizer_steps),
@@ -91,6 +110,8 @@ class _StepTotals:
             "replay/elite/token_share": self.tokens[SOURCE_ELITE] / total,
             # replay's cost beyond the one forward it needs (the scan): bookkeeping, TransferQueue
             "replay/overhead_seconds": max(0.0, self.replay_seconds - scan_forward_seconds),
+            # of which after the last round: ingress (and the elite stream's step end)
+            "replay/end_step_seconds": end_step_seconds,
         }
 
 
@@ -102,12 +123,18 @@ class ReplayTrainerMixin:
         self.replay_config = ReplayConfig.from_mapping(config.get("replay"))
         self.group_replay: Optional[GroupReplayStream] = None
         if self.replay_config.uses_group_buffer:
-            self.group_replay = GroupReplayStream(self.replay_config, anchor_field=self._anchor_field())
+            self.group_replay = GroupReplayStream(
+                self.replay_config, anchor_field=self._anchor_field(), measure_floor=not self._bypass_mode()
+            )
         self.elite_replay = None  # built with the tokenizer, before any worker starts
         self._mini_batch_groups: Optional[int] = None
         self._padded_rows = 0
         self._totals = _StepTotals()
         self._row_template: Optional[dict[str, Any]] = None  # a fresh row of this global step
+        self._held_checkpoint: Optional[int] = None  # the global step whose save waits for its metrics line
+        self._held_save_seconds = 0.0  # how long the last held save took (reported with the next step)
+        self._round_mark: Optional[tuple[float, int, dict[int, int]]] = None  # the totals when the round began
+        self._floor_watch = DriftFloorWatch(self.replay_config.tau) if self.replay_config.uses_headroom_drift else None
 
     @property
     def _replay_active(self) -> bool:
@@ -217,6 +244,11 @@ class ReplayTrainerMixin:
         configured = self.replay_config.ppo_mini_batch_size
         return int(configured if configured is not None else self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
 
+    def _bypass_mode(self) -> bool:
+        """Rollout correction's bypass mode: verl copies the rollout log-probs into old_log_probs."""
+        corr = self.config.algorithm.get("rollout_correction", None)
+        return corr is not None and bool(corr.get("bypass_mode", False))
+
     def _rollout_correction_on(self) -> bool:
         corr = self.config.algorithm.get("rollout_correction", None)
         return (
@@ -251,17 +283,33 @@ class ReplayTrainerMixin:
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         if not self._replay_active:
             return super().step(metrics, timing_raw)
+        self._hold_checkpoints_until_logged()
+        if self._held_save_seconds:
+            # the held save ran after the previous step's line: its time is reported with this step, as
+            # verl would have put it into the previous one (verl's step timer adds to what is there)
+            for name in ("save_checkpoint", "step"):
+                timing_raw[name] = timing_raw.get(name, 0.0) + self._held_save_seconds
+            self._held_save_seconds = 0.0
         self._totals = _StepTotals()
         batch = super().step(metrics, timing_raw)
         # verl's aggregator has merged the rounds' metrics by now; replay's are totals of the step.
         for key in [k for k in metrics if k.startswith(LOSS_METRIC_PREFIX)]:
             metrics[key[len("actor/") :]] = metrics.pop(key)
+        before = self._totals.replay_seconds
         with self._totals.timed():
             if self.group_replay is not None:
                 metrics.update(prefixed(self.group_replay.end_step(batch), "replay/"))
             if self.elite_replay is not None:
                 metrics.update(prefixed(self.elite_replay.end_step(batch), "replay/elite/"))
-        metrics.update(self._totals.metrics(scan_forward_seconds=metrics.get("replay/scan_forward_seconds", 0.0)))
+        metrics.update(
+            self._totals.metrics(
+                scan_forward_seconds=metrics.get("replay/scan_forward_seconds", 0.0),
+                end_step_seconds=self._totals.replay_seconds - before,
+            )
+        )
+        warning = self._floor_watch.update(metrics) if self._floor_watch is not None else None
+        if warning:
+            logger.warning(warning)
         return batch
 
     def _begin_replay_step(self) -> None:
@@ -282,6 +330,7 @@ class ReplayTrainerMixin:
         self._mini_batch_groups = None
         if not self._replay_active or logging_prefix != "global_seqlen":
             return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+        self._round_mark = self._totals.mark()
         with self._totals.timed():
             batch, fresh_groups, added_groups, extra_rows = self._inject_round(batch, int(self.local_trigger_step))
         dp_size = self._actor_dp_size()
@@ -296,7 +345,8 @@ class ReplayTrainerMixin:
         )
         self._mini_batch_groups = plan.groups_per_mini_batch
         self._padded_rows = plan.padded_groups * plan.rows_per_group
-        self._totals.optimizer_steps += plan.num_mini_batches
+        # verl's worker runs every mini-batch once per PPO epoch, one optimiser step each
+        self._totals.optimizer_steps += plan.num_mini_batches * int(self.config.actor_rollout_ref.actor.ppo_epochs)
         for tag in batch.tags:
             if not tag.get("is_padding", False):
                 self._totals.tokens[tag.get(REPLAY_SOURCE_FIELD, SOURCE_FRESH)] += int(tag.get("response_len", 0))
@@ -531,10 +581,16 @@ class ReplayTrainerMixin:
     # ------------------------------------------------------------------ update
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        if self.replay_config.audit_dir:
+            # the audit records which global step and round each micro-batch trained in
+            batch.extra_info.update({AUDIT_STEP_FIELD: int(self.global_steps), AUDIT_ROUND_FIELD: self._round()})
         with self._planned_mini_batch_size():
             batch = super()._update_actor(batch, metrics)
         for stream in self._streams:
             stream.end_round()
+        if self.group_replay is not None and self._round_mark is not None:
+            self.group_replay.log_round(self._round(), self._totals.since(self._round_mark))
+        self._round_mark = None
         return batch
 
     # ------------------------------------------------------------------ metrics
@@ -583,7 +639,49 @@ class ReplayTrainerMixin:
             identity["elite_archive_sha256"] = (self.elite_replay.archive.manifest or {}).get("content_sha256")
         return identity
 
+    def _round(self) -> int:
+        return int(getattr(self, "local_trigger_step", 0))
+
+    def _hold_checkpoints_until_logged(self) -> None:
+        """Make verl's logger save a held checkpoint right after it writes that step's metrics line.
+
+        verl's ``fit`` runs, per global step: ``step``, ``_save_checkpoint`` (which marks the
+        checkpoint latest), the weight push, validation, ``_compute_metrics``, ``logger.log``. A
+        kill between the save and the log loses the checkpointed step's metrics line for good (the
+        resumed run starts after it). ``_save_checkpoint`` therefore only notes the step while
+        ``fit`` runs, and the wrapped ``log`` saves it once the line is written: the state saved is
+        the same (nothing between the two changes the weights, the buffer or the data order; the
+        TransferQueue snapshot then also holds the rollouts generated meanwhile, which a resume
+        restores like any other finished rollout). The save's seconds go into the next step's
+        ``timing_s/save_checkpoint`` and ``timing_s/step``. Called from ``step``, after ``fit`` made
+        the logger; a no-op when it is already wrapped.
+        """
+        tracker = getattr(self, "logger", None)
+        if tracker is None or getattr(tracker, "_verl_replay_holds_checkpoints", False):
+            return
+        log = tracker.log
+
+        def log_then_save(*args: Any, **kwargs: Any) -> Any:
+            result = log(*args, **kwargs)
+            step = kwargs.get("step", args[1] if len(args) > 1 else None)
+            if self._held_checkpoint is not None and step == self._held_checkpoint:
+                self._held_checkpoint = None
+                started = time.perf_counter()
+                self._save_checkpoint_now()
+                self._held_save_seconds += time.perf_counter() - started
+            return result
+
+        tracker.log = log_then_save
+        tracker._verl_replay_holds_checkpoints = True
+
     def _save_checkpoint(self) -> None:
+        tracker = getattr(self, "logger", None)
+        if self._replay_active and getattr(tracker, "_verl_replay_holds_checkpoints", False):
+            self._held_checkpoint = int(self.global_steps)  # saved once the step's metrics line is written
+            return
+        self._save_checkpoint_now()
+
+    def _save_checkpoint_now(self) -> None:
         from verl_replay.integrations.verl.replay_state import (
             decision_settings,
             prune_orphaned_states,
