@@ -7,7 +7,11 @@ from setuptools import find_packages, setup
 VERL_VERSION = "0.9.1"
 # CPU runs use the torch 2.13.0 CPU build; verl 0.9.1's GPU stack is torch 2.11.0 + vllm 0.24.0.
 TORCH_RANGE = "torch>=2.11.0,<2.14"
-TRANSFORMERS_RANGE = "transformers>=5.5.3,<5.11"
+# Exactly verl 0.9.1's own pin (its `vllm` and `cpu` extras): verl replaces Qwen3.5's forward
+# methods wholesale (verl/models/transformers/qwen3_5.py), so another transformers is an untested
+# forward. The CPU test bed gets the same version as the GPU stack.
+TRANSFORMERS_VERSION = "5.9.0"
+TRANSFORMERS_RANGE = f"transformers=={TRANSFORMERS_VERSION}"
 VLLM_VERSION = "0.24.0"
 # NCCL weight sync (checkpoint_engine.backend=nccl): verl's nccl engine imports cupy at module top
 # and is silently left unregistered without it. The same pin as verl 0.9.1's `cupy-cu130` extra.

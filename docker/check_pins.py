@@ -15,7 +15,11 @@ installed verl is the pinned version, with verl's own ``vllm`` / ``fsdp`` / ``cu
 ``installed`` compares the distributions installed in the running interpreter with the pins;
 ``--from-env`` takes the pins from environment variables named like the ARGs (inside a
 ``docker build`` RUN step those hold the ``--build-arg`` values), falling back to the
-Dockerfile defaults. Both print one line per check and exit 1 when any check fails.
+Dockerfile defaults. The two CUDA kernels docker/install_kernels.sh builds (flash-attn,
+causal-conv1d) must be at their pins when installed; missing, they fail only with
+``--require-kernels`` (the image, which builds them): on the pip path they come from that script,
+and the preflight refuses a flash-attention run without flash-attn. Both commands print one line
+per check and exit 1 when any check fails.
 
 The Dockerfile parser knows line continuations, comments, parser directives and
 ``ARG``/``FROM`` instructions; it does not read heredocs (the Dockerfile uses none).
@@ -476,6 +480,14 @@ def check_pins(args: dict[str, str | None], setup: SetupPins) -> list[Finding]:
     )
     torch_range = setup.range_of("TORCH_RANGE")
     findings.append(_within("TORCH_VERSION", get("TORCH_VERSION"), torch_range.specifier, "setup.py TORCH_RANGE"))
+    findings.append(
+        _equal(
+            "TRANSFORMERS_VERSION",
+            get("TRANSFORMERS_VERSION"),
+            setup.pinned("transformers"),
+            "setup.py install_requires transformers",
+        )
+    )
     transformers_range = setup.range_of("TRANSFORMERS_RANGE")
     findings.append(
         _within(
@@ -569,15 +581,34 @@ def check_installed(
     setup: SetupPins,
     version_of: Callable[[str], str | None],
     python_version: str,
+    require_kernels: bool = False,
+    exact_python: bool = True,
 ) -> list[Finding]:
-    """Installed distributions (``version_of``) against the pinned versions."""
-    findings = [_equal("python", python_version, _minor(expected.get("PYTHON_VERSION")), "PYTHON_VERSION")]
+    """Installed distributions (``version_of``) against the pinned versions.
+
+    A kernel of ``OPTIONAL_ARGS`` that is not installed fails only with ``require_kernels``. The
+    interpreter must be the image's ``PYTHON_VERSION`` (``exact_python``), else within setup.py's
+    ``python_requires`` (a pip install on the user's Python)."""
+    if exact_python:
+        findings = [_equal("python", python_version, _minor(expected.get("PYTHON_VERSION")), "PYTHON_VERSION")]
+    else:
+        findings = [_within("python", python_version, setup.python_requires, "setup.py python_requires")]
     for name, distribution in VERSION_ARGS.items():
         if distribution is None:
             continue
         wanted = expected.get(name)
         if name in OPTIONAL_ARGS and not wanted:
             findings.append(Finding(True, distribution, f"not pinned ({name} is empty)"))
+            continue
+        if name in OPTIONAL_ARGS and version_of(distribution) is None and not require_kernels:
+            findings.append(
+                Finding(
+                    True,
+                    distribution,
+                    f"not installed ({name} {wanted}: bash docker/install_kernels.sh installs it; "
+                    "the preflight checks what the run needs)",
+                )
+            )
             continue
         findings.append(_equal(distribution, version_of(distribution), wanted, name))
     if expected.get("FLA_VERSION"):  # flash-linear-attention pins its kernels' package exactly
@@ -648,6 +679,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="installed: pins from environment variables named like the ARGs",
     )
+    parser.add_argument(
+        "--require-kernels",
+        action="store_true",
+        help="installed: flash-attn and causal-conv1d must be installed (the image builds them)",
+    )
     options = parser.parse_args(argv)
 
     dockerfile = parse_dockerfile(options.dockerfile.read_text(encoding="utf-8"))
@@ -666,7 +702,10 @@ def main(argv: list[str] | None = None) -> int:
     if options.from_env:
         expected.update({name: os.environ[name] for name in VERSION_ARGS if name in os.environ})
     python_version = "{}.{}".format(*sys.version_info[:2])
-    findings = check_installed(expected, setup, installed_version, python_version)
+    # inside the image's build (--from-env) the interpreter is the image's; a pip venv has the user's
+    findings = check_installed(
+        expected, setup, installed_version, python_version, options.require_kernels, exact_python=options.from_env
+    )
     print(f"installed packages of {sys.executable} vs the pins")
     return _report(findings, sys.stdout)
 

@@ -9,18 +9,19 @@
 #
 #   bash docker/install_kernels.sh [--dry-run] [flash-attn] [causal-conv1d]    # default: both
 #
-# Both PyPI releases are sdists. Their setup.py first looks for the project's own prebuilt wheel
-# matching torch / CUDA / Python / C++ ABI on GitHub and compiles only when there is none; for
-# torch 2.11 + CUDA 13 the published build matrices stop at torch 2.10, so expect a compile:
-# flash-attn takes ~30-90 min at MAX_JOBS=8 (each job needs ~4-8 GB of RAM), causal-conv1d a few
-# minutes. Needs nvcc from a CUDA 13.x toolkit (CUDA_HOME, /usr/local/cuda, or nvcc on PATH).
-# WHEEL_INDEX=URL tries a prebuilt wheel from that index first (e.g. verl's wheelhouse,
-# https://verl-project.github.io/verl-wheelhouse/simple/, which publishes cp312 builds) and keeps
-# it only if its CUDA extension imports against the installed torch.
+# First a prebuilt wheel from WHEEL_INDEX (default: verl's wheelhouse, where verl itself takes
+# flash-attn 2.8.3 for torch 2.11 + CUDA 13; cp312 builds), kept only if its CUDA extension
+# imports against the installed torch. Otherwise the PyPI sdist is compiled: its setup.py first
+# looks for the project's own prebuilt wheel on GitHub (the published build matrices stop at
+# torch 2.10), then builds: flash-attn takes ~30-90 min at MAX_JOBS=8 (each job needs ~4-8 GB of
+# RAM), causal-conv1d a few minutes. A build needs nvcc of the CUDA major version torch was built
+# for (13.x for torch 2.11.0 from PyPI; CUDA_HOME, /usr/local/cuda, or nvcc on PATH): the script
+# stops before compiling with another one, whose extension would not load.
 #
 # Settings (environment): PYTHON, FLASH_ATTN_VERSION, CAUSAL_CONV1D_VERSION (empty: skip that
 # package), MAX_JOBS, NVCC_THREADS, FLASH_ATTN_CUDA_ARCHS, FORCE_BUILD (TRUE: never use a
-# prebuilt wheel), WHEEL_INDEX. docker/check_pins.py checks the version defaults against setup.py.
+# prebuilt wheel), WHEEL_INDEX (empty: no wheel index). --dry-run prints what it would run and
+# checks nvcc without stopping. docker/check_pins.py checks the version defaults against setup.py.
 set -euo pipefail
 
 : "${PYTHON:=python}"
@@ -30,7 +31,7 @@ set -euo pipefail
 : "${NVCC_THREADS:=2}"
 : "${FLASH_ATTN_CUDA_ARCHS:=80;90;100}"
 : "${FORCE_BUILD:=FALSE}"
-: "${WHEEL_INDEX:=}"
+: "${WHEEL_INDEX=https://verl-project.github.io/verl-wheelhouse/simple/}"
 
 DRY_RUN=0
 PACKAGES=()
@@ -39,7 +40,7 @@ for arg in "$@"; do
     --dry-run) DRY_RUN=1 ;;
     flash-attn | causal-conv1d) PACKAGES+=("$arg") ;;
     -h | --help)
-      sed -n '2,24p' "$0"
+      sed -n '2,26p' "$0"
       exit 0
       ;;
     *)
@@ -89,6 +90,30 @@ find_nvcc() {
   return 1
 }
 
+# nvcc_cuda NVCC: the CUDA release of an nvcc ("13.0" from "Cuda compilation tools, release 13.0, V13.0.88").
+nvcc_cuda() { "$1" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -n 1; }
+
+# build_nvcc: the nvcc a build uses, on stdout; fails (message on stderr) when there is none or its
+# CUDA major differs from torch's (torch.utils.cpp_extension refuses that, or the extension fails to load).
+build_nvcc() {
+  local nvcc version
+  nvcc="$(find_nvcc)" || {
+    log "no nvcc (CUDA $torch_cuda toolkit): set CUDA_HOME, install the toolkit, or use the Docker image (docker/README.md)"
+    return 1
+  }
+  version="$(nvcc_cuda "$nvcc")"
+  if [[ -z "$version" ]]; then
+    log "cannot read the CUDA release from '$nvcc --version'"
+    return 1
+  fi
+  if [[ "${version%%.*}" != "${torch_cuda%%.*}" ]]; then
+    log "$nvcc is CUDA $version but torch is built for CUDA $torch_cuda: use a CUDA ${torch_cuda%%.*}.x toolkit (CUDA_HOME=...)"
+    return 1
+  fi
+  log "nvcc $nvcc: CUDA $version, torch's CUDA $torch_cuda (same major)"
+  printf '%s' "$nvcc"
+}
+
 # install PACKAGE VERSION MODULE EXTRA_ENV...: skip when pinned + importable, else wheel index, else build.
 install() {
   local package=$1 version=$2 module=$3
@@ -104,17 +129,26 @@ install() {
     return 0
   fi
   if [[ -n "$WHEEL_INDEX" && "$FORCE_BUILD" != TRUE ]]; then
-    if run "$PYTHON" -m pip install --no-deps --only-binary=:all: --index-url "$WHEEL_INDEX" "$package==$version"; then
-      if ((DRY_RUN)) || imports "$module"; then
+    if ((DRY_RUN)); then
+      run "$PYTHON" -m pip install --no-deps --only-binary=:all: --index-url "$WHEEL_INDEX" "$package==$version"
+      log "$package: kept if '$module' then imports against torch; else built:"
+    elif run "$PYTHON" -m pip install --no-deps --only-binary=:all: --index-url "$WHEEL_INDEX" "$package==$version"; then
+      if imports "$module"; then
         log "$package $version: prebuilt wheel from $WHEEL_INDEX"
         return 0
       fi
       log "$package: the wheel from $WHEEL_INDEX does not import against torch $("$PYTHON" -c 'import torch; print(torch.__version__)'); building instead"
       run "$PYTHON" -m pip uninstall -y "$package"
+    else
+      log "$package: no usable wheel at $WHEEL_INDEX; building instead"
     fi
   fi
   local nvcc
-  nvcc="$(find_nvcc)" || die "$package needs nvcc (CUDA $torch_cuda toolkit) to build: set CUDA_HOME, install the toolkit, or use the Docker image (docker/README.md)"
+  if ! nvcc="$(build_nvcc)"; then
+    ((DRY_RUN)) || die "$package $version cannot be built here (see above)"
+    log "$package: (dry run) the build would stop here"
+    return 0
+  fi
   log "$package $version: building against torch (CUDA $torch_cuda) with $nvcc, MAX_JOBS=$MAX_JOBS"
   # setuptools<82: torch 2.11 declares it (a newer one breaks torch.utils.cpp_extension's contract)
   run "$PYTHON" -m pip install "ninja>=1.11" "packaging>=24" "psutil>=5.9" "setuptools>=70.1,<82" "wheel>=0.45"

@@ -303,11 +303,21 @@ gpu_engine_overrides() {
   )
 }
 
-# setup_engine: defaults of the GPU engine knobs (used by gpu_engine_overrides).
+# setup_engine: defaults of the GPU engine knobs (used by gpu_engine_overrides); after setup_attention.
+#   Token limits per micro-batch and training GPU: PPO_MAX_TOKEN_LEN = max(one sequence, 16K);
+#   LOG_PROB_MAX_TOKEN_LEN = max(one sequence, 32K) on the packed path, where the entropy runs in
+#   chunks (the pass holds the logits, 2 B x tokens x 248K vocab, plus one chunk), and
+#   PPO_MAX_TOKEN_LEN on the padded path (sdpa), where verl computes the entropy on the whole
+#   micro-batch (three times the logits). At the paper's shapes these leave at least
+#   MEMORY_MARGIN (10%) of an A100 80GB free at the peak pass (recipes/README.md, memory tables).
 setup_engine() {
   MAX_MODEL_LEN=$((MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH))
   : "${PPO_MAX_TOKEN_LEN:=$((MAX_MODEL_LEN > 16384 ? MAX_MODEL_LEN : 16384))}"
-  : "${LOG_PROB_MAX_TOKEN_LEN:=$((2 * PPO_MAX_TOKEN_LEN))}"
+  if [[ "${USE_REMOVE_PADDING:-True}" == True ]]; then
+    : "${LOG_PROB_MAX_TOKEN_LEN:=$((MAX_MODEL_LEN > 32768 ? MAX_MODEL_LEN : 32768))}"
+  else
+    : "${LOG_PROB_MAX_TOKEN_LEN:=$PPO_MAX_TOKEN_LEN}"
+  fi
   : "${MAX_NUM_BATCHED_TOKENS:=$((MAX_MODEL_LEN > 16384 ? MAX_MODEL_LEN : 16384))}"
   : "${ROLLOUT_GPU_MEMORY_UTILIZATION:=0.85}"
   : "${ACTOR_OFFLOAD:=False}"       # optimizer state to CPU (fine with separate_async)
@@ -317,6 +327,8 @@ setup_engine() {
   require_positive PPO_MAX_TOKEN_LEN LOG_PROB_MAX_TOKEN_LEN MAX_NUM_BATCHED_TOKENS KEEP_CHECKPOINTS
   ((PPO_MAX_TOKEN_LEN >= MAX_MODEL_LEN)) ||
     die "PPO_MAX_TOKEN_LEN ($PPO_MAX_TOKEN_LEN) must hold one full sequence (MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH = $MAX_MODEL_LEN)"
+  ((LOG_PROB_MAX_TOKEN_LEN >= MAX_MODEL_LEN)) ||
+    die "LOG_PROB_MAX_TOKEN_LEN ($LOG_PROB_MAX_TOKEN_LEN) must hold one full sequence (MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH = $MAX_MODEL_LEN)"
   require_number ROLLOUT_GPU_MEMORY_UTILIZATION
   require_one_of ACTOR_OFFLOAD True False
   require_one_of ACTOR_PARAM_OFFLOAD True False
@@ -403,13 +415,16 @@ base_train_args() {
 }
 
 # setup_attention: ATTN_IMPL (auto, flash_attention_2, sdpa, eager) -> ATTN_IMPL + USE_REMOVE_PADDING.
-#   auto: flash_attention_2 with padding-free packing when flash-attn imports here, else sdpa with
-#   padded micro-batches (verl packs sequences for flash attention only). TINY=1: the CPU profile's sdpa.
+#   auto: what a GPU host runs, flash_attention_2 with padding-free packing, whether or not
+#   flash-attn is installed where the recipe is composed (DRY_RUN=1 on a CPU machine shows the GPU
+#   config; the preflight on the GPU host fails without flash-attn, with the memory the padded path
+#   would need). sdpa / eager: padded micro-batches, only when asked for (verl packs sequences for
+#   flash attention only). TINY=1: the CPU profile's sdpa with packing (exact on CPU).
 setup_attention() {
   : "${ATTN_IMPL:=auto}"
   require_one_of ATTN_IMPL auto flash_attention_2 sdpa eager
   if is_true "$TINY"; then
-    USE_REMOVE_PADDING=False
+    USE_REMOVE_PADDING=True
     return 0
   fi
   local choice

@@ -114,8 +114,8 @@ require_number LR MU ROLLOUT_TEMPERATURE SEARCH_TEMPERATURE EVAL_TEMPERATURE EVA
 require_one_of SEARCH_BACKEND vllm hf
 require_one_of EVAL_BACKEND vllm hf
 setup_rounds
-setup_engine
 setup_attention
+setup_engine
 : "${SEARCH_MAX_MODEL_LEN:=$((MAX_MODEL_LEN + SEARCH_MAX_NEW_TOKENS))}" # mutation prompts add a parent
 
 print_settings STRATEGY STAGES TINY DRY_RUN MODEL_PATH TRAIN_FILES EVAL_FILES ARCHIVE RUN_DIR TOTAL_STEPS \

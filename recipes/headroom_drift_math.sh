@@ -111,8 +111,8 @@ if [[ "$STRATEGY" != none && -z "${PARAMETER_SYNC_STEP:-}" ]]; then
   PARAMETER_SYNC_STEP="$(replay_rounds "$TRAIN_PROMPTS" "$K_REP" "$PPO_MINI_PROMPTS")"
 fi
 setup_rounds
-setup_engine
 setup_attention
+setup_engine
 FRESH_RESPONSES=$((TRAIN_PROMPTS * GROUP_SIZE))
 REPLAY_RESPONSES=$((K_REP * GROUP_SIZE))
 case "$STRATEGY" in

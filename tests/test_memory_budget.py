@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -14,6 +15,7 @@ from verl_replay.memory_budget import (
     ModelShape,
     RunSizes,
     estimate,
+    fit_token_limit,
     format_markdown,
     main,
 )
@@ -116,61 +118,115 @@ def _sizes(**changes) -> RunSizes:
     base = dict(
         train_gpus=2,
         ppo_max_token_len_per_gpu=20480,
-        log_prob_max_token_len_per_gpu=40960,
+        log_prob_max_token_len_per_gpu=32768,
         max_model_len=20480,
         max_num_batched_tokens=20480,
         max_num_seqs=256,
+        weight_sync_bucket_bytes=2048 << 20,
     )
     base.update(changes)
     return RunSizes(**base)
+
+
+V = 248320  # Qwen3.5's vocabulary
 
 
 def test_budget_rows_by_hand():
     shape = ModelShape.from_hf_config(QWEN3_5_4B_CONFIG)
     budget = estimate(shape, _sizes())
     rows = {r.what: r.bytes for r in budget.resident + budget.update_pass}
-    p, pt, v = shape.total_params, shape.text_params, 248320
+    p, pt, pv = shape.total_params, shape.text_params, shape.vision_params
     assert rows["fp32 parameters (FSDP shard)"] == 4 * p // 2
-    assert rows["fp32 gradients (FSDP shard)"] == 4 * pt // 2
-    assert rows["AdamW moments (fp32, shard)"] == 8 * pt // 2
-    assert rows["logits (bf16)"] == 2 * 20480 * v
-    assert rows["logits gradient"] == 0  # flash-attn's cross-entropy works in place
-    assert rows["entropy (fp32 upcast)"] == 8 * 2048 * v
+    assert rows["fp32 gradients, text model (FSDP shard)"] == 4 * pt // 2
+    assert rows["AdamW moments, text model (fp32, shard)"] == 8 * pt // 2
+    # verl runs the vision tower on a dummy image every forward: gradients + AdamW for it too (~1.8 GiB)
+    assert rows["vision tower: gradients + AdamW moments (shard)"] == 12 * pv // 2
+    assert rows["vision tower: gradients + AdamW moments (shard)"] / GIB == pytest.approx(1.87, abs=0.01)
+    assert rows["weight-sync buffers (training rank 0)"] == 2 * 2048 * 2**20  # two 2 GiB cupy-pooled buckets
+    assert rows["logits (bf16)"] == 2 * 20480 * V
+    assert rows["log-prob backward"] == 0  # flash-attn's cross-entropy works in place
+    assert "entropy (chunked, fp32)" not in rows  # entropy_coeff 0: the update computes none
     logprob = {r.what: r.bytes for r in budget.logprob_pass}
-    assert logprob["logits (bf16)"] == 2 * 40960 * v  # the ~19 GiB of one log-prob micro-batch
-    assert logprob["logits (bf16)"] / GIB == pytest.approx(18.95, abs=0.01)
+    assert logprob["logits (bf16)"] == 2 * 32768 * V  # the ~15 GiB of one log-prob micro-batch
+    assert logprob["entropy (chunked, fp32)"] == 3 * 4 * 2048 * V  # upcast chunk, softmax, product
     assert budget.training_total == max(budget.update_total, budget.logprob_total)
     assert budget.update_total == sum(r.bytes for r in budget.resident + budget.update_pass)
-    # rollout: weights + profiling peak + KV fill gpu_memory_utilization x 80 GiB exactly
-    assert budget.rollout_total == int(0.85 * 80 * GIB)
+    # rollout: weights + profiling peak + KV fill gpu_memory_utilization x 79.3 GiB; a push adds 2 buckets
+    assert budget.rollout_total == int(0.85 * 79.3 * GIB) + 2 * 2048 * 2**20
     per_sequence = 20480 * 32 * 1024 + shape.linear_state_bytes_per_sequence()
-    assert budget.kv_sequences == budget.rollout[-1].bytes // per_sequence
+    assert budget.kv_sequences == budget.rollout[2].bytes // per_sequence
     assert shape.kv_bytes_per_token() == 2 * 4 * 256 * 2 * 8  # 32 KiB: only the 8 full-attention layers
+
+
+def test_padded_path_is_verls_unchunked_entropy_and_unpadded_copy():
+    """verl's padded branch: entropy_from_logits on the whole micro-batch (softmax + a temporary,
+    2 bf16 tensors of the logits' size), then the rows cut into a new tensor after those are freed;
+    the larger of the two counts. Without flash-attn the update keeps log_softmax + its gradient."""
+    shape = ModelShape.from_hf_config(QWEN3_5_4B_CONFIG)
+    packed, padded = estimate(shape, _sizes()), estimate(shape, _sizes(packed=False, fused_cross_entropy=False))
+    t = 32768
+    rows = {r.what: r for r in padded.logprob_pass}
+    assert rows["entropy (whole micro-batch, bf16)"].bytes == 2 * 2 * t * V
+    assert rows["unpadded copy of the logits (padded path)"].bytes == 2 * t * V
+    assert (
+        rows["entropy (whole micro-batch, bf16)"].transient
+        and rows["unpadded copy of the logits (padded path)"].transient
+    )
+    # activations + logits + the larger transient (the entropy)
+    assert padded.logprob_total == padded.resident_total + _layer(shape, t) + 2 * t * V + 2 * 2 * t * V
+    assert padded.logprob_total - packed.logprob_total == 2 * 2 * t * V - 3 * 4 * 2048 * V
+    # issue 19's estimate: ~91 GiB at 32K tokens (97 at 40K) on an A100 80GB that exposes 79.3
+    assert padded.logprob_total / GIB == pytest.approx(91.1, abs=0.1)
+    update = {r.what: r.bytes for r in padded.update_pass}
+    assert update["log-prob backward"] == 2 * 2 * 20480 * V
+    fused_padded = estimate(shape, _sizes(packed=False))  # sdpa with flash-attn installed
+    assert {r.what: r.bytes for r in fused_padded.update_pass}["log-prob backward"] == 2 * 20480 * V
+    scan = estimate(shape, _sizes(packed=False, scan=True)).passes["scan pass"]
+    assert sum(r.bytes for r in scan) == _layer(shape, t) + 2 * t * V + 2 * t * V  # no entropy, the copy held
+
+
+def _layer(shape, tokens):
+    return (6 * shape.hidden_size + 4 * shape.intermediate_size) * 2 * tokens
+
+
+def test_fit_token_limit_finds_the_largest_fitting_multiple():
+    shape = ModelShape.from_hf_config(QWEN3_5_4B_CONFIG)
+    sizes = _sizes(packed=False, fused_cross_entropy=False, optimizer_offload=True)
+    limit = int(0.9 * 79.3 * GIB)
+    best = fit_token_limit(shape, sizes, "log_prob_max_token_len_per_gpu", limit)
+    assert best % 1024 == 0
+    assert estimate(shape, replace(sizes, log_prob_max_token_len_per_gpu=best)).logprob_total <= limit
+    assert estimate(shape, replace(sizes, log_prob_max_token_len_per_gpu=best + 1024)).logprob_total > limit
+    assert fit_token_limit(shape, sizes, "ppo_max_token_len_per_gpu", 10 * GIB, floor=20480) == 0
 
 
 def test_sharding_offload_and_flash_attn_rules():
     shape = ModelShape.from_hf_config(QWEN3_5_4B_CONFIG)
     two, four = estimate(shape, _sizes()), estimate(shape, _sizes(train_gpus=4))
-    for a, b in zip(two.resident[:3], four.resident[:3], strict=True):
+    for a, b in zip(two.resident[:4], four.resident[:4], strict=True):
         assert b.bytes == pytest.approx(a.bytes / 2, abs=1)
     off = estimate(shape, _sizes(param_offload=True, optimizer_offload=True))
-    assert [r.bytes for r in off.resident[:3]] == [0, 0, 0]
+    assert [r.bytes for r in off.resident[:4]] == [0, 0, 0, 0]
     assert {r.what for r in off.host} >= {"offloaded parameters + gradients", "offloaded AdamW moments"}
     no_flash = estimate(shape, _sizes(fused_cross_entropy=False))
-    grad = {r.what: r.bytes for r in no_flash.update_pass}["logits gradient"]
-    assert grad == 4 * 20480 * 248320
+    grad = {r.what: r.bytes for r in no_flash.update_pass}["log-prob backward"]
+    assert grad == 4 * 20480 * V
     assert no_flash.update_total - two.update_total == grad
     hot = estimate(shape, _sizes(temperature=0.7))
-    assert {r.what: r.bytes for r in hot.logprob_pass}["logits (bf16)"] == 2 * 2 * 40960 * 248320
+    assert {r.what: r.bytes for r in hot.logprob_pass}["logits (bf16)"] == 2 * 2 * 32768 * V
+    entropy = estimate(shape, _sizes(update_entropy=True))
+    assert {r.what: r.bytes for r in entropy.update_pass}["entropy (chunked, fp32)"] == 3 * 4 * 2048 * V
     rounds = estimate(shape, _sizes(parameter_sync_step=4))
     assert rounds.host[0].bytes == 2 * two.host[0].bytes  # pi_old and the current weights
+    colocated = estimate(shape, _sizes(weight_sync_bucket_bytes=0))
+    assert "weight-sync buffers (training rank 0)" not in {r.what for r in colocated.resident}
 
 
 def test_markdown_and_cli(tmp_path, capsys):
     shape = ModelShape.from_hf_config(QWEN3_5_4B_CONFIG)
     table = format_markdown(estimate(shape, _sizes()))
     assert "| training | log-prob pass | **total** (resident + log-prob pass) |" in table
-    assert "248320" in table and table.count("\n| ") >= 15
+    assert "248320" in table and table.count("\n| ") >= 15 and "79.3 GiB usable" in table
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(SMALL_QWEN3_5))

@@ -36,14 +36,9 @@ def test_bad_override_is_a_usage_error(capsys) -> None:
 def test_choose_attn_prints_impl_and_packing(capsys) -> None:
     assert main(["--choose-attn", "sdpa"]) == 0
     assert capsys.readouterr().out.split() == ["sdpa", "False"]
+    # auto is what a GPU host runs, whether or not flash-attn is installed here (the preflight checks it)
     assert main(["--choose-attn", "auto"]) == 0
-    impl, packed = capsys.readouterr().out.split()
-    try:
-        import flash_attn  # noqa: F401
-
-        assert (impl, packed) == ("flash_attention_2", "True")
-    except ImportError:
-        assert (impl, packed) == ("sdpa", "False")
+    assert capsys.readouterr().out.split() == ["flash_attention_2", "True"]
 
 
 def test_memory_table_of_a_gpu_config(capsys) -> None:

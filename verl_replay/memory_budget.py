@@ -3,39 +3,54 @@
 Everything is computed from two inputs, never typed in: the model's shape (its ``config.json``,
 :meth:`ModelShape.from_hf_config`) and the run's sizes (:class:`RunSizes`, which
 ``verl_replay.integrations.verl.preflight`` fills from the composed training config). The
-result is a list of rows (what, GiB, how it was computed) for one training GPU and one rollout
-GPU, printed by the preflight and, for the recipes' defaults, in ``recipes/README.md``.
+result is a list of rows (what, GiB, how it was computed) for one training GPU, per pass, and one
+rollout GPU, printed by the preflight and, for the recipes' defaults, in ``recipes/README.md``.
+The limit is the GPU's usable memory (what CUDA reports, e.g. ~79.3 GiB on an A100 80GB, not 80).
 
-Counting rules (bytes; ``P`` parameters, ``dp`` training GPUs, ``T`` tokens of one micro-batch,
-``V`` vocabulary, ``H`` hidden size, ``I`` MLP size, ``L`` layers):
+Counting rules (bytes; ``P`` parameters, ``P_t`` / ``P_v`` text / vision parameters, ``dp``
+training GPUs, ``T`` tokens of one micro-batch, ``V`` vocabulary, ``H`` hidden size, ``I`` MLP size,
+``L`` layers), following verl 0.9.1's FSDP engine (``verl/workers/engine/fsdp/transformer_impl.py``):
 
-- FSDP2 keeps fp32 master parameters (``4P/dp`` per rank), fp32 gradients (``4P_t/dp``) and
-  AdamW's two fp32 moments (``8P_t/dp``), all sharded over ``dp`` ranks (0 on the GPU when
-  offloaded). ``P_t`` counts the text model only: on text-only data a vision tower gets no
-  gradient, so neither a gradient nor AdamW state is ever allocated for it. A layer is all-gathered
-  in bf16 for compute, the next one prefetched:
-  ``2 x 2 x`` (largest layer). The embedding (tied LM head) is the root module's and stays
-  gathered through forward and backward: ``2VH``.
+- Resident on a training GPU: fp32 master parameters (``4P/dp``), fp32 gradients and AdamW's two
+  fp32 moments (``12P/dp``), all sharded over ``dp`` ranks (0 on the GPU when offloaded). The
+  vision tower counts too: verl's Qwen3.5 forward runs it on a dummy image every step and
+  ``freeze_vision_tower`` is read nowhere, so its parameters get (zero) gradients and AdamW
+  state. A layer is all-gathered in bf16 for compute, the next one prefetched: ``2 x 2 x``
+  (largest layer); the embedding (tied LM head) stays gathered: ``2VH``. Training rank 0 sends
+  the weights to the rollout GPUs (``checkpoint_engine.backend=nccl``) through two buckets of
+  ``update_weights_bucket_megabytes`` allocated from cupy, whose memory pool keeps them after
+  the push. A fixed 3 GiB covers the CUDA context, NCCL buffers and allocator slack (an
+  assumption).
+- Three passes, each on top of the resident state, never at once: the **update** (one training
+  micro-batch of ``ppo_max_token_len_per_gpu`` tokens, forward + backward), the **log-prob** pass
+  (old log-probs and entropy of ``log_prob_max_token_len_per_gpu`` tokens, no gradients) and
+  Headroom-Drift's **scan** (the same micro-batches, no entropy).
 - Logits are materialised in bf16 for the whole micro-batch: ``2TV`` (``2TV`` more for the
-  temperature-scaled copy when the temperature is not 1). In the training pass flash-attn's
-  Triton cross-entropy writes the logits' gradient in place; without flash-attn verl's
-  row-wise ``log_softmax`` keeps its outputs for backward and the gradient is a new tensor:
-  ``4TV`` more. Entropy upcasts to fp32: ``8TV`` at once, or ``8 x chunk x V`` with
-  ``entropy_from_logits_with_chunking``.
+  temperature-scaled copy when the temperature is not 1). Packed (``use_remove_padding``, flash
+  attention): flash-attn's Triton cross-entropy writes the logits' gradient in place, and the
+  entropy runs in chunks upcast to fp32 (``3 x 4 x chunk x V``: the chunk, its softmax, the
+  product). Padded (sdpa): verl computes the entropy on the whole padded logits
+  (``entropy_from_logits``, its chunking setting is not read on this path): a softmax and a
+  logsumexp / product temporary, ``4TV``; then it cuts the rows out of the padded logits into a
+  new ``2TV`` tensor (after the entropy's temporaries are gone). A padded micro-batch holds
+  rows x its longest row: the budget assumes rows of one length (responses at the cap), so mixed
+  lengths need more. Without flash-attn verl's row-wise ``log_softmax`` keeps its outputs for
+  backward and the gradient is a new tensor: ``4TV`` more in the update.
 - Activations, bf16: with gradient checkpointing each layer keeps its input, ``2TH x L``, and
   the layer being recomputed holds ``(6H + 4I) x 2T`` plus as much again for its gradients;
-  without checkpointing every layer holds ``(6H + 4I) x 2T``. The log-prob pass (no gradients)
-  holds one layer's ``(6H + 4I) x 2T`` at a time.
-- A fixed 3 GiB covers the CUDA context, NCCL buffers and allocator slack (an assumption).
+  without checkpointing every layer holds ``(6H + 4I) x 2T``. A forward without gradients holds
+  one layer's ``(6H + 4I) x 2T`` at a time (counted as if at once with the logits).
 - vLLM (per rollout GPU, tensor parallel ``tp``): bf16 weights ``2P/tp``; a profiling peak of
   ``max_num_batched_tokens x (2H + 2I) x 2`` activations plus fp32 logits of ``max_num_seqs``
   sequences; the rest of ``gpu_memory_utilization x GPU`` is KV cache. Full-attention layers
   store ``2 x kv_heads x head_dim x 2`` bytes per token and layer; linear-attention layers a
-  fixed recurrent + convolution state per sequence.
+  fixed recurrent + convolution state per sequence. A weight push adds two receive buckets
+  outside vLLM's share.
 
 These are estimates of the large terms (they ignore, e.g., the optimizer's temporary buffers and
-fragmentation beyond the fixed reserve); the preflight compares their total with the GPUs it
-sees. The module imports only the standard library.
+fragmentation beyond the fixed reserve); the preflight compares the peak with the GPUs it sees
+(or the recipes' A100 80GB) and wants ``MEMORY_MARGIN`` of it free. The module imports only the
+standard library.
 """
 
 from __future__ import annotations
@@ -44,22 +59,34 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DEFAULT_GPU",
+    "GPU_MEMORY_GIB",
+    "MEMORY_MARGIN",
     "QWEN3_5_4B_CONFIG",
     "BudgetRow",
     "MemoryBudget",
     "ModelShape",
     "RunSizes",
     "estimate",
+    "fit_token_limit",
     "format_markdown",
 ]
 
 GIB = 1024**3
 CUDA_RESERVE_BYTES = 3 * GIB
+# Usable memory of the GPUs the recipes name, as CUDA reports it (torch.cuda.get_device_properties
+# total_memory): an A100 80GB shows ~79.3 GiB. The preflight reads the real value from the GPUs it
+# sees; this table is for the docs and for machines without a GPU.
+GPU_MEMORY_GIB: dict[str, float] = {"A100-80GB": 79.3}
+DEFAULT_GPU = "A100-80GB"
+# The share of a GPU's usable memory the recipes' defaults leave free at the peak pass (the
+# preflight warns above 1 - MEMORY_MARGIN of it and fails above all of it).
+MEMORY_MARGIN = 0.10
 
 # Qwen3.5-4B as published (the text and vision shapes of its config.json): used when the model
 # folder is not at hand (e.g. for the table in recipes/README.md). A model folder's own
@@ -296,18 +323,23 @@ class RunSizes:
 
     train_gpus: int  # trainer.nnodes x trainer.n_gpus_per_node (FSDP data parallel size)
     ppo_max_token_len_per_gpu: int  # tokens of one training micro-batch
-    log_prob_max_token_len_per_gpu: int  # tokens of one log-prob micro-batch
+    log_prob_max_token_len_per_gpu: int  # tokens of one log-prob micro-batch (old log-probs, drift scan)
     max_model_len: int  # prompt + response
     gradient_checkpointing: bool = True
     param_offload: bool = False
     optimizer_offload: bool = False
-    entropy_chunking: bool = True
+    packed: bool = True  # use_remove_padding: padding-free packing (flash attention); False: padded rows
+    entropy_chunking: bool = True  # entropy_from_logits_with_chunking (read on the packed path only)
     entropy_chunk_size: int = 2048
+    update_entropy: bool = False  # entropy in the update pass (entropy_coeff != 0 or calculate_entropy)
     fused_cross_entropy: bool = True  # flash-attn installed: its in-place Triton cross-entropy
     temperature: float = 1.0
+    scan: bool = False  # Headroom-Drift's teacher-forced drift scan (log-prob micro-batches, no entropy)
     parameter_sync_step: int = 1  # separate_async update rounds per weight push
-    rollout_gpu_memory_gib: float = 80.0
-    train_gpu_memory_gib: float = 80.0
+    weight_sync_bucket_bytes: int = 0  # nccl weight push: update_weights_bucket_megabytes << 20 (0: none)
+    gpu_name: str = DEFAULT_GPU
+    train_gpu_memory_gib: float = GPU_MEMORY_GIB[DEFAULT_GPU]
+    rollout_gpu_memory_gib: float = GPU_MEMORY_GIB[DEFAULT_GPU]
     rollout_tensor_parallel: int = 1
     gpu_memory_utilization: float = 0.85
     max_num_batched_tokens: int = 16384
@@ -328,6 +360,8 @@ class RunSizes:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.weight_sync_bucket_bytes < 0:
+            raise ValueError(f"weight_sync_bucket_bytes must be >= 0, got {self.weight_sync_bucket_bytes!r}")
 
 
 @dataclass(frozen=True)
@@ -335,10 +369,19 @@ class BudgetRow:
     what: str
     bytes: int
     how: str
+    # Transient rows of a pass exist one after the other, never together: the pass holds the
+    # largest of them on top of its other rows.
+    transient: bool = False
 
     @property
     def gib(self) -> float:
         return self.bytes / GIB
+
+
+def pass_bytes(rows: Sequence[BudgetRow]) -> int:
+    """What a pass holds at its peak: its rows, and the largest of its transient rows."""
+    held = sum(r.bytes for r in rows if not r.transient)
+    return held + max((r.bytes for r in rows if r.transient), default=0)
 
 
 @dataclass
@@ -346,33 +389,60 @@ class MemoryBudget:
     model: ModelShape
     sizes: RunSizes
     resident: list[BudgetRow] = field(default_factory=list)  # held through the whole step
-    update_pass: list[BudgetRow] = field(default_factory=list)  # a training micro-batch, on top
-    logprob_pass: list[BudgetRow] = field(default_factory=list)  # a log-prob micro-batch, on top
+    passes: dict[str, list[BudgetRow]] = field(default_factory=dict)  # per pass, on top of resident
     rollout: list[BudgetRow] = field(default_factory=list)
     host: list[BudgetRow] = field(default_factory=list)  # host RAM per training GPU
     kv_tokens: int = 0
     kv_sequences: int = 0
 
     @property
+    def resident_total(self) -> int:
+        return sum(r.bytes for r in self.resident)
+
+    def pass_total(self, name: str) -> int:
+        """Peak of a training GPU during ``name``: resident state plus that pass."""
+        return self.resident_total + pass_bytes(self.passes[name])
+
+    @property
+    def update_pass(self) -> list[BudgetRow]:
+        return self.passes[UPDATE]
+
+    @property
+    def logprob_pass(self) -> list[BudgetRow]:
+        return self.passes[LOG_PROB]
+
+    @property
     def update_total(self) -> int:
-        return sum(r.bytes for r in self.resident + self.update_pass)
+        return self.pass_total(UPDATE)
 
     @property
     def logprob_total(self) -> int:
-        return sum(r.bytes for r in self.resident + self.logprob_pass)
+        return self.pass_total(LOG_PROB)
 
     @property
     def training_total(self) -> int:
-        """Peak of a training GPU: resident state plus the larger of the two passes."""
-        return max(self.update_total, self.logprob_total)
+        """Peak of a training GPU: resident state plus the largest pass."""
+        return max(self.pass_total(name) for name in self.passes)
 
     @property
     def training_pass(self) -> str:
-        return "update micro-batch" if self.update_total >= self.logprob_total else "log-prob micro-batch"
+        """The pass at the peak."""
+        return max(self.passes, key=self.pass_total)
+
+    @property
+    def train_limit(self) -> int:
+        return int(self.sizes.train_gpu_memory_gib * GIB)
+
+    @property
+    def rollout_limit(self) -> int:
+        return int(self.sizes.rollout_gpu_memory_gib * GIB)
 
     @property
     def rollout_total(self) -> int:
         return sum(r.bytes for r in self.rollout)
+
+
+UPDATE, LOG_PROB, SCAN = "update pass", "log-prob pass", "scan pass"
 
 
 def _layer_activation_bytes(model: ModelShape, tokens: int) -> int:
@@ -380,39 +450,92 @@ def _layer_activation_bytes(model: ModelShape, tokens: int) -> int:
     return (6 * model.hidden_size + 4 * model.intermediate_size) * 2 * tokens
 
 
+def _logits_row(tokens: int, vocab: int, temperature: float) -> BudgetRow:
+    copies = 1 if temperature == 1 else 2  # logits / temperature is a second tensor
+    how = f"{copies} x 2 B x {tokens} tok x {vocab} vocab" + (" (+ the temperature-scaled copy)" if copies > 1 else "")
+    return BudgetRow("logits (bf16)", copies * 2 * tokens * vocab, how)
+
+
+def _entropy_row(sizes: RunSizes, tokens: int, vocab: int, transient: bool = False) -> BudgetRow:
+    if sizes.packed and sizes.entropy_chunking:
+        rows = min(sizes.entropy_chunk_size, tokens)
+        return BudgetRow(
+            "entropy (chunked, fp32)",
+            3 * 4 * rows * vocab,
+            f"3 fp32 tensors x {rows} rows x vocab (upcast chunk, softmax, product)",
+            transient,
+        )
+    why = "verl's padded path ignores entropy_from_logits_with_chunking" if not sizes.packed else "not chunked"
+    return BudgetRow(
+        "entropy (whole micro-batch, bf16)",
+        2 * 2 * tokens * vocab,
+        f"2 x 2 B x {tokens} tok x vocab: softmax + the logsumexp / product temporary ({why})",
+        transient,
+    )
+
+
+def _unpadded_copy_row(tokens: int, vocab: int, transient: bool) -> BudgetRow:
+    return BudgetRow(
+        "unpadded copy of the logits (padded path)",
+        2 * tokens * vocab,
+        f"2 B x {tokens} tok x vocab: the rows cut out of the padded logits and concatenated"
+        + (", after the entropy's temporaries are freed" if transient else ""),
+        transient,
+    )
+
+
 def estimate(model: ModelShape, sizes: RunSizes) -> MemoryBudget:
     """The budget rows of one training GPU, one rollout GPU and the host (see the module rules)."""
     budget = MemoryBudget(model, sizes)
     p, dp, v = model.total_params, sizes.train_gpus, model.vocab_size
-    pt = model.text_params  # trained on text: the vision tower gets no gradient
+    pt, pv = model.text_params, model.vision_params
+    on_gpu = not sizes.param_offload
     resident = [
         BudgetRow(
             "fp32 parameters (FSDP shard)",
-            0 if sizes.param_offload else 4 * p // dp,
-            "offloaded to CPU" if sizes.param_offload else f"4 B x {p / 1e9:.2f}B params / {dp} GPUs",
+            4 * p // dp if on_gpu else 0,
+            f"4 B x {p / 1e9:.2f}B params / {dp} GPUs" if on_gpu else "offloaded to CPU",
         ),
         BudgetRow(
-            "fp32 gradients (FSDP shard)",
-            0 if sizes.param_offload else 4 * pt // dp,
-            "offloaded to CPU" if sizes.param_offload else f"4 B x {pt / 1e9:.2f}B text params / {dp}",
+            "fp32 gradients, text model (FSDP shard)",
+            4 * pt // dp if on_gpu else 0,
+            f"4 B x {pt / 1e9:.2f}B text params / {dp}" if on_gpu else "offloaded to CPU",
         ),
         BudgetRow(
-            "AdamW moments (fp32, shard)",
+            "AdamW moments, text model (fp32, shard)",
             0 if sizes.optimizer_offload else 8 * pt // dp,
             "offloaded to CPU" if sizes.optimizer_offload else f"8 B x text params / {dp}",
         ),
+    ]
+    if pv:
+        vision = (4 * pv if on_gpu else 0) + (0 if sizes.optimizer_offload else 8 * pv)
+        resident.append(
+            BudgetRow(
+                "vision tower: gradients + AdamW moments (shard)",
+                vision // dp,
+                f"{'4 B + ' if on_gpu else ''}{'8 B' if not sizes.optimizer_offload else '0 B'} x "
+                f"{pv / 1e9:.2f}B vision params / {dp}: verl runs the tower on a dummy image every forward",
+            )
+        )
+    resident.append(
         BudgetRow(
             "bf16 all-gather buffers",
             2 * 2 * model.largest_layer_params + 2 * model.embedding_params,
             "current + prefetched layer, and the embedding / tied LM head",
-        ),
-        BudgetRow("CUDA context, NCCL, allocator slack", CUDA_RESERVE_BYTES, "fixed reserve (assumption)"),
-    ]
-    entropy_rows = (
-        min(sizes.entropy_chunk_size, sizes.ppo_max_token_len_per_gpu)
-        if sizes.entropy_chunking
-        else sizes.ppo_max_token_len_per_gpu
+        )
     )
+    if sizes.weight_sync_bucket_bytes:
+        resident.append(
+            BudgetRow(
+                "weight-sync buffers (training rank 0)",
+                2 * sizes.weight_sync_bucket_bytes,
+                f"2 x {sizes.weight_sync_bucket_bytes >> 20} MiB nccl send / receive buckets, kept by cupy's pool",
+            )
+        )
+    resident.append(BudgetRow("CUDA context, NCCL, allocator slack", CUDA_RESERVE_BYTES, "fixed reserve (assumption)"))
+    budget.resident = resident
+
+    # update pass: one training micro-batch, forward + backward
     t = sizes.ppo_max_token_len_per_gpu
     if sizes.gradient_checkpointing:
         activations = 2 * t * model.hidden_size * model.num_layers + 2 * _layer_activation_bytes(model, t)
@@ -420,47 +543,47 @@ def estimate(model: ModelShape, sizes: RunSizes) -> MemoryBudget:
     else:
         activations = _layer_activation_bytes(model, t) * model.num_layers
         activation_how = f"(6H + 4I) x 2 B x {t} tok x {model.num_layers} layers (no checkpointing)"
-    scaled = 0 if sizes.temperature == 1 else 1  # logits / temperature is a copy
-    train_pass = [
-        BudgetRow("activations (training micro-batch)", activations, activation_how),
-        BudgetRow(
-            "logits (bf16)",
-            (1 + scaled) * 2 * t * v,
-            f"{1 + scaled} x 2 B x {t} tok x {v} vocab" + (" (+ temperature copy)" if scaled else ""),
-        ),
-        BudgetRow(
-            "logits gradient",
-            0 if sizes.fused_cross_entropy else 2 * 2 * t * v,
-            "in place (flash-attn cross-entropy)"
-            if sizes.fused_cross_entropy
-            else "saved log_softmax + gradient, 2 x 2 B x tok x vocab (no flash-attn)",
-        ),
-        BudgetRow(
-            "entropy (fp32 upcast)",
-            8 * entropy_rows * v,
-            f"8 B x {entropy_rows} rows x vocab" + (" (chunked)" if sizes.entropy_chunking else " (not chunked)"),
-        ),
-    ]
+    update = [BudgetRow("activations (training micro-batch)", activations, activation_how), _logits_row(t, v, 1.0)]
+    if sizes.temperature != 1:
+        update[-1] = _logits_row(t, v, sizes.temperature)
+    if not sizes.fused_cross_entropy:
+        update.append(
+            BudgetRow(
+                "log-prob backward",
+                2 * 2 * t * v,
+                "2 x 2 B x tok x vocab: the saved log_softmax and its gradient (no flash-attn cross-entropy)",
+            )
+        )
+    elif not sizes.packed:
+        update.append(
+            BudgetRow(
+                "log-prob backward",
+                2 * t * v,
+                "2 B x tok x vocab: the unpadded copy of the logits that the in-place cross-entropy keeps",
+            )
+        )
+    else:
+        update.append(BudgetRow("log-prob backward", 0, "in place (flash-attn cross-entropy on the packed logits)"))
+    if sizes.update_entropy:
+        update.append(_entropy_row(sizes, t, v))
+    budget.passes[UPDATE] = update
+
+    # log-prob pass: old log-probs with entropy, no gradients; the scan pass: the same without entropy
     t_lp = sizes.log_prob_max_token_len_per_gpu
-    lp_rows = min(sizes.entropy_chunk_size, t_lp) if sizes.entropy_chunking else t_lp
-    logprob_pass = [
+    forward = [
         BudgetRow(
             "activations (log-prob micro-batch)",
             _layer_activation_bytes(model, t_lp),
             f"one layer at a time, {t_lp} tok, no gradients",
         ),
-        BudgetRow(
-            "logits (bf16)",
-            (1 + scaled) * 2 * t_lp * v,
-            f"{1 + scaled} x 2 B x {t_lp} tok x {v} vocab" + (" (+ temperature copy)" if scaled else ""),
-        ),
-        BudgetRow(
-            "entropy (fp32 upcast)",
-            8 * lp_rows * v,
-            f"8 B x {lp_rows} rows x vocab" + (" (chunked)" if sizes.entropy_chunking else " (not chunked)"),
-        ),
+        _logits_row(t_lp, v, sizes.temperature),
     ]
-    budget.resident, budget.update_pass, budget.logprob_pass = resident, train_pass, logprob_pass
+    logprob = [*forward, _entropy_row(sizes, t_lp, v, transient=not sizes.packed)]
+    if not sizes.packed:
+        logprob.append(_unpadded_copy_row(t_lp, v, transient=True))
+    budget.passes[LOG_PROB] = logprob
+    if sizes.scan:
+        budget.passes[SCAN] = [*forward] + ([_unpadded_copy_row(t_lp, v, transient=False)] if not sizes.packed else [])
 
     tp = sizes.rollout_tensor_parallel
     usable = int(sizes.gpu_memory_utilization * sizes.rollout_gpu_memory_gib * GIB)
@@ -486,6 +609,14 @@ def estimate(model: ModelShape, sizes: RunSizes) -> MemoryBudget:
             f"{per_token // 1024} KiB/token, {budget.kv_sequences} sequences of {sizes.max_model_len} tokens",
         ),
     ]
+    if sizes.weight_sync_bucket_bytes:
+        budget.rollout.append(
+            BudgetRow(
+                "weight-sync buffers (during a push)",
+                2 * sizes.weight_sync_bucket_bytes,
+                f"2 x {sizes.weight_sync_bucket_bytes >> 20} MiB receive buckets, outside vLLM's share",
+            )
+        )
 
     copies = 2 if sizes.parameter_sync_step > 1 else 1
     budget.host = [
@@ -497,11 +628,39 @@ def estimate(model: ModelShape, sizes: RunSizes) -> MemoryBudget:
     ]
     if sizes.param_offload:
         budget.host.append(
-            BudgetRow("offloaded parameters + gradients", (4 * p + 4 * pt) // dp, "4 B x (params + text params) / dp")
+            BudgetRow("offloaded parameters + gradients", (4 * p + 4 * p) // dp, "4 B x params, twice, / dp")
         )
     if sizes.optimizer_offload:
-        budget.host.append(BudgetRow("offloaded AdamW moments", 8 * pt // dp, "8 B x text params / dp"))
+        budget.host.append(BudgetRow("offloaded AdamW moments", 8 * p // dp, "8 B x params / dp"))
     return budget
+
+
+def fit_token_limit(
+    model: ModelShape, sizes: RunSizes, key: str, limit_bytes: int, step: int = 1024, floor: int = 1
+) -> int:
+    """The largest value of ``key`` (``ppo_max_token_len_per_gpu`` or ``log_prob_max_token_len_per_gpu``),
+    a multiple of ``step`` and at least ``floor``, whose passes stay within ``limit_bytes`` (0: none)."""
+    if key not in ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
+        raise ValueError(f"cannot fit {key}")
+    passes = (UPDATE,) if key == "ppo_max_token_len_per_gpu" else (LOG_PROB, SCAN)
+
+    def fits(tokens: int) -> bool:
+        budget = estimate(model, replace(sizes, **{key: tokens}))
+        return all(budget.pass_total(name) <= limit_bytes for name in passes if name in budget.passes)
+
+    low = max(step, -(-floor // step) * step)
+    if not fits(low):
+        return 0
+    high = low
+    while fits(high * 2):
+        high *= 2
+        if high > 1 << 24:
+            return high
+    lo, hi = high, high * 2  # fits(lo), not fits(hi)
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 # --------------------------------------------------------------------------- output
@@ -511,34 +670,41 @@ def _gib(value: int) -> str:
     return f"{value / GIB:.1f}"
 
 
+def _margin(total: int, limit: int) -> str:
+    return f"of {limit / GIB:.1f} GiB ({(limit - total) / GIB:.1f} GiB / {(limit - total) / limit:.0%} free)"
+
+
 def format_markdown(budget: MemoryBudget) -> str:
     """A Markdown table: a training GPU (resident state + each pass), a rollout GPU, the host."""
     s, m = budget.sizes, budget.model
     lines = [
         f"Model: {m.total_params / 1e9:.2f}B parameters ({m.text_params / 1e9:.2f}B text + "
         f"{m.vision_params / 1e9:.2f}B vision), vocabulary {m.vocab_size}, {m.num_layers} layers "
-        f"({m.full_attention_layers} full attention, {m.linear_attention_layers} linear attention).",
+        f"({m.full_attention_layers} full attention, {m.linear_attention_layers} linear attention). "
+        f"GPU: {s.gpu_name}, {s.train_gpu_memory_gib:g} GiB usable; "
+        + ("padding-free packing" if s.packed else "padded micro-batches (rows of one length assumed)")
+        + ".",
         "",
         "| GPU | phase | item | GiB | how |",
         "|---|---|---|---:|---|",
     ]
-    for phase, rows in (
-        ("resident", budget.resident),
-        ("update pass", budget.update_pass),
-        ("log-prob pass", budget.logprob_pass),
-    ):
+    for row in budget.resident:
+        lines.append(f"| training | resident | {row.what} | {_gib(row.bytes)} | {row.how} |")
+    for name, rows in budget.passes.items():
         for row in rows:
-            lines.append(f"| training | {phase} | {row.what} | {_gib(row.bytes)} | {row.how} |")
-    for phase, total in (("update pass", budget.update_total), ("log-prob pass", budget.logprob_total)):
+            marker = " (one of the transient rows: the largest counts)" if row.transient else ""
+            lines.append(f"| training | {name} | {row.what} | {_gib(row.bytes)} | {row.how}{marker} |")
+    for name in budget.passes:
+        total = budget.pass_total(name)
         lines.append(
-            f"| training | {phase} | **total** (resident + {phase}) | **{_gib(total)}** "
-            f"| of {s.train_gpu_memory_gib:g} GiB |"
+            f"| training | {name} | **total** (resident + {name}) | **{_gib(total)}** "
+            f"| {_margin(total, budget.train_limit)} |"
         )
     for row in budget.rollout:
         lines.append(f"| rollout | serving | {row.what} | {_gib(row.bytes)} | {row.how} |")
     lines.append(
         f"| rollout | serving | **total** | **{_gib(budget.rollout_total)}** | "
-        f"gpu_memory_utilization x {s.rollout_gpu_memory_gib:g} GiB |"
+        f"{_margin(budget.rollout_total, budget.rollout_limit)} |"
     )
     for row in budget.host:
         lines.append(f"| host RAM | per training GPU | {row.what} | {_gib(row.bytes)} | {row.how} |")
@@ -548,11 +714,13 @@ def format_markdown(budget: MemoryBudget) -> str:
 def budget_lines(budget: MemoryBudget) -> list[str]:
     """Short lines for a console report."""
     s = budget.sizes
+    passes = ", ".join(f"{name} {_gib(budget.pass_total(name))}" for name in budget.passes)
     return [
-        f"training GPU: {_gib(budget.training_total)} GiB of {s.train_gpu_memory_gib:g} GiB "
-        f"at the {budget.training_pass} ({s.ppo_max_token_len_per_gpu} / {s.log_prob_max_token_len_per_gpu} "
+        f"training GPU: {_gib(budget.training_total)} GiB of {s.train_gpu_memory_gib:g} GiB at the "
+        f"{budget.training_pass} ({passes} GiB; {s.ppo_max_token_len_per_gpu} / {s.log_prob_max_token_len_per_gpu} "
         "tokens per update / log-prob micro-batch)",
-        f"rollout GPU: {_gib(budget.rollout[0].bytes)} GiB weights, {_gib(budget.rollout[-1].bytes)} GiB KV cache "
+        f"rollout GPU: {_gib(budget.rollout_total)} GiB of {s.rollout_gpu_memory_gib:g} GiB: "
+        f"{_gib(budget.rollout[0].bytes)} GiB weights, {_gib(budget.rollout[2].bytes)} GiB KV cache "
         f"({budget.kv_sequences} sequences of {s.max_model_len} tokens at once)",
     ]
 
@@ -562,16 +730,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", help="model folder with config.json (default: the Qwen3.5-4B shape)")
     parser.add_argument("--train-gpus", type=int, default=2)
     parser.add_argument("--ppo-max-token-len", type=int, default=20480)
-    parser.add_argument("--log-prob-max-token-len", type=int, default=40960)
+    parser.add_argument("--log-prob-max-token-len", type=int, default=32768)
     parser.add_argument("--max-model-len", type=int, default=20480)
-    parser.add_argument("--gpu-memory-gib", type=float, default=80.0)
+    parser.add_argument("--gpu", choices=sorted(GPU_MEMORY_GIB), default=DEFAULT_GPU, help="GPU model (its memory)")
+    parser.add_argument("--gpu-memory-gib", type=float, default=None, help="usable GPU memory (overrides --gpu)")
     parser.add_argument("--rollout-tp", type=int, default=1)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     parser.add_argument("--max-num-batched-tokens", type=int, default=20480)
+    parser.add_argument("--bucket-mb", type=int, default=2048, help="nccl weight-sync bucket (0: no weight push)")
     parser.add_argument("--offload", action="store_true", help="FSDP parameter + optimizer offload")
+    parser.add_argument("--padded", action="store_true", help="verl's padded path (sdpa, use_remove_padding=False)")
     parser.add_argument("--no-flash-attn", action="store_true", help="verl's torch cross-entropy (no flash-attn)")
+    parser.add_argument("--scan", action="store_true", help="Headroom-Drift's drift scan pass")
     args = parser.parse_args(argv)
     model = ModelShape.from_model_dir(args.model) if args.model else ModelShape.from_hf_config(QWEN3_5_4B_CONFIG)
+    memory = args.gpu_memory_gib if args.gpu_memory_gib is not None else GPU_MEMORY_GIB[args.gpu]
     sizes = RunSizes(
         train_gpus=args.train_gpus,
         ppo_max_token_len_per_gpu=args.ppo_max_token_len,
@@ -579,8 +752,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_model_len=args.max_model_len,
         param_offload=args.offload,
         optimizer_offload=args.offload,
-        train_gpu_memory_gib=args.gpu_memory_gib,
-        rollout_gpu_memory_gib=args.gpu_memory_gib,
+        packed=not args.padded,
+        scan=args.scan,
+        weight_sync_bucket_bytes=args.bucket_mb << 20,
+        gpu_name=args.gpu if args.gpu_memory_gib is None else f"{memory:g} GiB GPU",
+        train_gpu_memory_gib=memory,
+        rollout_gpu_memory_gib=memory,
         rollout_tensor_parallel=args.rollout_tp,
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens,

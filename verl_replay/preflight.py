@@ -37,7 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generation-gpus", type=int, default=1, help="GPUs of the search / eval engine (default: 1)")
     p.add_argument("--json", type=Path, default=None, help="write the checks to this JSON file too")
     p.add_argument("--memory-table", action="store_true", help="print the memory budget table and exit")
-    p.add_argument("--gpu-memory-gib", type=float, default=80.0, help="--memory-table: GPU size (default: 80)")
+    p.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=None,
+        help="--memory-table: usable GPU memory (default: an A100 80GB's, 79.3 GiB, the recipes' GPUs)",
+    )
     p.add_argument(
         "--choose-attn",
         metavar="REQUESTED",
@@ -92,8 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if any(c.status == pf.FAIL for c in checks) else 0
 
 
-def _memory_table(pf, config: dict, gpu_memory_gib: float) -> int:
-    from verl_replay.memory_budget import ModelShape, estimate, format_markdown
+def _memory_table(pf, config: dict, gpu_memory_gib: float | None) -> int:
+    from verl_replay.memory_budget import DEFAULT_GPU, GPU_MEMORY_GIB, ModelShape, estimate, format_markdown
 
     path = str(pf.config_value(config, "actor_rollout_ref.model.path", ""))
     try:
@@ -104,8 +109,12 @@ def _memory_table(pf, config: dict, gpu_memory_gib: float) -> int:
     source = (
         f"{path}/config.json" if hf_config else "the Qwen3.5-4B shape (verl_replay.memory_budget.QWEN3_5_4B_CONFIG)"
     )
-    fused = pf.attention_of(config) in pf.ATTN_FLASH  # flash attention implies flash-attn's fused cross-entropy
-    budget = estimate(shape, pf.run_sizes(config, gpu_memory_gib, fused_cross_entropy=fused))
+    if gpu_memory_gib is None:
+        name, memory = DEFAULT_GPU, GPU_MEMORY_GIB[DEFAULT_GPU]
+    else:
+        name, memory = f"{gpu_memory_gib:g} GiB GPU", gpu_memory_gib
+    # flash attention implies flash-attn's fused cross-entropy; sdpa / eager the padded path
+    budget = estimate(shape, pf.run_sizes(config, memory, gpu_name=name))
     print(f"Model shape from {source}; attention {pf.attention_of(config)}.\n")
     print(format_markdown(budget), end="")
     return 0

@@ -502,11 +502,12 @@ def test_build_script_prints_paths_of_cached_assets(tiny_assets):
 
 @pytest.mark.parametrize("arch, separated", [("qwen2", True), ("qwen3_5", False)])
 def test_packed_sequences_on_cpu(tiny, tmp_path, arch, separated):
-    """Padding-free packing (one row, position_ids restarting at 0), as verl's use_remove_padding
-    feeds the actor. With sdpa, transformers separates packed sequences for the full-attention
-    layers, but the torch fallback of Qwen3.5's gated delta net (no flash-linear-attention on
-    CPU) carries state across the boundary, so a packed Qwen3.5 row is NOT equal to separate
-    rows on CPU. If this starts passing for qwen3_5, packing on CPU became safe."""
+    """Padding-free packing through transformers' own forward (one row, position_ids restarting at
+    0, no cu_seqlens). With sdpa, transformers separates packed sequences for the full-attention
+    layers, but it hands Qwen3.5's gated delta net no boundaries, so that layer carries state across
+    them: a packed Qwen3.5 row is NOT equal to separate rows this way. verl's packed path passes
+    cu_seqlens, which the CPU kernels honour (tests/integrations/verl/test_verl_fixes.py checks it
+    exact); if this starts passing for qwen3_5, transformers packs on its own."""
     model_dir = (
         tiny.model_dir
         if arch == "qwen3_5"

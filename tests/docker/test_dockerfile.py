@@ -324,10 +324,18 @@ def test_cli_reports_a_vllm_mismatch(tmp_path, capsys):
     assert "FAIL  VLLM_VERSION: 0.23.0 != setup.py VLLM_VERSION 0.24.0" in out
 
 
-def test_cli_reports_transformers_outside_the_range(tmp_path, capsys):
-    variant = _write_variant(tmp_path, [("ARG TRANSFORMERS_VERSION=5.9.0", "ARG TRANSFORMERS_VERSION=5.11.0")])
+def test_cli_reports_transformers_other_than_setup_pys_pin(tmp_path, capsys):
+    variant = _write_variant(tmp_path, [("ARG TRANSFORMERS_VERSION=5.9.0", "ARG TRANSFORMERS_VERSION=5.10.4")])
     assert cp.main(["--dockerfile", str(variant), "--no-verl-metadata"]) == 1
-    assert "FAIL  TRANSFORMERS_VERSION: 5.11.0 is outside setup.py TRANSFORMERS_RANGE" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "FAIL  TRANSFORMERS_VERSION: 5.10.4 != setup.py install_requires transformers 5.9.0" in out
+    assert "FAIL  TRANSFORMERS_VERSION: 5.10.4 is outside setup.py TRANSFORMERS_RANGE ==5.9.0" in out
+
+
+def test_transformers_is_pinned_as_verls_own_extras_pin_it(setup_pins):
+    """verl 0.9.1 replaces Qwen3.5's forward methods: its vllm extra's transformers, for every install."""
+    assert setup_pins.pinned("transformers") == "5.9.0"
+    assert str(setup_pins.range_of("TRANSFORMERS_RANGE").specifier) == "==5.9.0"
 
 
 def test_cli_reports_a_stage_that_shadows_a_pin(tmp_path, capsys):
@@ -369,6 +377,14 @@ def test_installed_check_compares_public_versions(args, setup_pins):
     without_flash = dict(args, FLASH_ATTN_VERSION="")
     findings = cp.check_installed(without_flash, setup_pins, dict(good, **{"flash-attn": None}).get, "3.12")
     assert not _failures(findings)
+
+    # the pip path before docker/install_kernels.sh: the kernels are missing, not wrong; the image needs them
+    pip_venv = dict(good, **{"flash-attn": None, "causal-conv1d": None})
+    assert not _failures(cp.check_installed(args, setup_pins, pip_venv.get, "3.11", exact_python=False))
+    failed = {f.what for f in cp.check_installed(args, setup_pins, pip_venv.get, "3.12", require_kernels=True)}
+    assert {"flash-attn", "causal-conv1d"} <= failed
+    wrong = dict(good, **{"flash-attn": "2.7.4"})
+    assert {f.what for f in cp.check_installed(args, setup_pins, wrong.get, "3.12") if not f.ok} == {"flash-attn"}
 
     no_cupy = dict(good, **{"cupy-cuda13x": None, "fla-core": "0.5.1"})
     failed = {f.what for f in cp.check_installed(args, setup_pins, no_cupy.get, "3.12") if not f.ok}
@@ -450,6 +466,67 @@ def test_install_kernels_dry_run_builds_the_pins_against_cuda_torch():
             continue
         assert f"--no-build-isolation --no-deps {package}=={version}" in result.stderr
         assert f"CUDA_HOME={nvcc.parent.parent}" in result.stderr
+
+
+def _fake_stack(tmp_path: Path, nvcc_release: str) -> dict[str, str]:
+    """A Python whose torch reports CUDA 13.0 and nothing installed, and an nvcc of ``nvcc_release``."""
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        'case "$*" in\n'
+        "  *torch.version.cuda*) echo 13.0 ;;\n"
+        "  *torch.__version__*) echo 2.11.0+cu130 ;;\n"
+        "  *m.version*) ;;\n"  # installed_version: nothing installed
+        "  *) exit 1 ;;\n"  # imports: nothing imports
+        "esac\n"
+    )
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    nvcc = cuda / "bin" / "nvcc"
+    nvcc.write_text(f"#!/usr/bin/env bash\necho 'Cuda compilation tools, release {nvcc_release}, V{nvcc_release}.88'\n")
+    for script in (python, nvcc):
+        script.chmod(0o755)
+    return dict(os.environ, PYTHON=str(python), CUDA_HOME=str(cuda), WHEEL_INDEX="")
+
+
+def test_install_kernels_stops_before_building_with_another_cuda_major(tmp_path):
+    env = _fake_stack(tmp_path, "12.8")
+    result = subprocess.run(
+        ["bash", str(INSTALL_KERNELS), "flash-attn"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 1, result.stderr
+    assert "is CUDA 12.8 but torch is built for CUDA 13.0" in result.stderr and "CUDA 13.x toolkit" in result.stderr
+    assert "run:" not in result.stderr  # nothing was installed or compiled
+    dry = subprocess.run(
+        ["bash", str(INSTALL_KERNELS), "--dry-run", "flash-attn"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert dry.returncode == 0 and "the build would stop here" in dry.stderr
+
+
+def test_install_kernels_builds_with_the_same_cuda_major(tmp_path):
+    env = _fake_stack(tmp_path, "13.1")
+    result = subprocess.run(
+        ["bash", str(INSTALL_KERNELS), "--dry-run", "flash-attn"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "CUDA 13.1, torch's CUDA 13.0 (same major)" in result.stderr
+    assert (
+        f"CUDA_HOME={tmp_path / 'cuda'}" in result.stderr
+        and "--no-build-isolation --no-deps flash-attn==2.8.3" in result.stderr
+    )
+
+
+def test_install_kernels_tries_verls_wheelhouse_first(tmp_path):
+    env = _fake_stack(tmp_path, "13.0")
+    env.pop("WHEEL_INDEX")
+    result = subprocess.run(
+        ["bash", str(INSTALL_KERNELS), "--dry-run", "flash-attn"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    wheel = result.stderr.index(
+        "--only-binary=:all: --index-url https://verl-project.github.io/verl-wheelhouse/simple/"
+    )
+    assert wheel < result.stderr.index("--no-build-isolation")  # the wheel first, the build as the fallback
 
 
 def test_install_kernels_rejects_unknown_arguments():

@@ -34,11 +34,14 @@ Loading the processor needs torchvision (transformers' Qwen3-VL video processor)
 without it, ``verl_replay.integrations.verl.vl_processor`` makes it loadable for text and image
 rows (verl's CPU support installs it in every process).
 
-CPU caveat (Qwen3.5): without flash-linear-attention the gated-delta-net layers run a torch
-fallback that ignores packed-sequence boundaries, so padding-free packed rows (verl's
-``use_remove_padding``) do not equal separate rows on CPU (verl's patched Qwen3.5 forward, given
-``cu_seqlens``, comes closer but still differs by ~5e-3 in the logits); padded batches are exact.
-The ``qwen2`` model has no such layer and packs exactly (sdpa, ``use_cache=False``).
+Packing on CPU (Qwen3.5): without flash-linear-attention transformers' torch fallback of the
+gated-delta-net recurrence ignores packed-sequence boundaries (it takes ``cu_seqlens`` and drops
+it; a packed row then differs from separate rows by ~5e-3 in the logits). verl's CPU support
+(``verl_replay.integrations.verl.cpu_linear_attention``) fills the layer's kernel slots with torch
+kernels that restart at every sequence, so verl's padding-free path (``use_remove_padding``, with
+``cu_seqlens``) is exact on CPU. transformers' own forward given only packed ``position_ids`` still
+leaks (it passes the recurrence no boundaries). The ``qwen2`` model has no such layer and packs
+exactly (sdpa, ``use_cache=False``).
 
 Caching and concurrency: a root whose manifest matches (version, seed, arch) and whose files
 match their hashes is returned as is. Otherwise the build runs under an exclusive file lock

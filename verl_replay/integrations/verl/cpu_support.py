@@ -15,6 +15,11 @@ message when a verl upgrade moves it. The obstacle numbers refer to ``shared/VER
 9. no pinned memory ......... private: the FSDP engine module's ``CPUOffloadPolicy`` name
 10. Qwen3.5's processor ...... no torchvision on the CPU stack: ``vl_processor`` (a transformers
                               private name, listed there), else verl silently drops the processor
+11. packed Qwen3.5 rows ...... no flash-linear-attention / causal-conv1d on the CPU stack:
+                              ``cpu_linear_attention`` fills the Gated DeltaNet layer's empty kernel
+                              slots (transformers private names, listed there) with torch kernels that
+                              keep packed sequences apart, so verl's ``use_remove_padding`` path is
+                              exact on CPU (transformers' sdpa masks packed sequences apart itself)
 Obstacles 2, 3, 6 and 7 are configuration, set in ``verl_replay/config/platform/cpu_tiny.yaml``.
 
 For verl's split placement (``separate_async``) on CPU:
@@ -34,6 +39,7 @@ from __future__ import annotations
 import functools
 import logging
 
+from verl_replay.integrations.verl.cpu_linear_attention import install_packed_linear_attention_kernels
 from verl_replay.integrations.verl.vl_processor import allow_vl_processor_without_torchvision
 
 logger = logging.getLogger(__name__)
@@ -188,5 +194,6 @@ def install_cpu_support() -> None:
     shorten_sampler_poll()
     register_cpu_checkpoint_engine()
     allow_vl_processor_without_torchvision()
+    install_packed_linear_attention_kernels()
     _installed = True
     logger.info("verl_replay: CPU support installed (platform=cpu, engine=fsdp2, rollout=hf)")

@@ -9,13 +9,16 @@ it is not OK:
 - ``weight sync``: the checkpoint engine the config names (``checkpoint_engine.backend``,
   ``custom_backend_module``) resolves in verl's registry, and is not ``naive`` under
   ``separate_async``;
-- ``attention``: flash-attn importable when ``attn_implementation`` asks for it, and no
-  padding-free packing (``use_remove_padding``) without it;
+- ``attention``: flash-attn importable when ``attn_implementation`` asks for it (the GPU default:
+  without it the FAIL line says what the padded sdpa path would need in memory, and the fix), and
+  no padding-free packing (``use_remove_padding``) without flash attention;
 - ``linear attention``: for hybrid models (Qwen3.5) flash-linear-attention (required) and
   causal-conv1d (recommended: verl falls back to a per-sequence torch convolution);
 - ``model``: ``config.json`` readable, its architecture registered by the installed vLLM;
 - ``gpus``: visible GPUs (or the Ray cluster's, with ``RAY_ADDRESS``) vs the placement,
-  ``gpu memory``: :mod:`verl_replay.memory_budget` vs the GPUs' memory;
+  ``gpu memory``: :mod:`verl_replay.memory_budget` (every pass, the vision tower, the weight-sync
+  buffers) vs the GPUs' usable memory (or an A100 80GB's when none is visible), with
+  ``MEMORY_MARGIN`` of it left free;
 - ``disk``: free space where checkpoints go vs their size times ``max_actor_ckpt_to_keep``;
 - ``settings``: combinations verl accepts but that fail or slow down later (parameter offload
   with separate_async's CPU weight snapshots, prefix caching on a hybrid model).
@@ -34,11 +37,22 @@ import os
 import shutil
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from verl_replay.memory_budget import GIB, QWEN3_5_4B_CONFIG, MemoryBudget, ModelShape, RunSizes, estimate
+from verl_replay.memory_budget import (
+    DEFAULT_GPU,
+    GIB,
+    GPU_MEMORY_GIB,
+    MEMORY_MARGIN,
+    QWEN3_5_4B_CONFIG,
+    MemoryBudget,
+    ModelShape,
+    RunSizes,
+    estimate,
+    fit_token_limit,
+)
 
 __all__ = [
     "ATTN_FLASH",
@@ -64,8 +78,14 @@ VLLM_VERSION = "0.24.0"
 FLA_VERSION = "0.5.2"
 FLASH_ATTN_VERSION = "2.8.3"
 CAUSAL_CONV1D_VERSION = "1.7.0"
-INSTALL_GPU = 'pip install -e ".[gpu]"'
-INSTALL_KERNELS = "bash docker/install_kernels.sh (builds flash-attn and causal-conv1d against the installed torch)"
+# The README's GPU command: the pip stack, then the two CUDA kernels that have no PyPI wheel.
+INSTALL_GPU = 'pip install -e ".[gpu,test]" && bash docker/install_kernels.sh'
+INSTALL_KERNELS = (
+    "bash docker/install_kernels.sh (the README's GPU command runs it: flash-attn from verl's wheelhouse "
+    "or built against the installed torch, and causal-conv1d)"
+)
+# Replay strategies that run Headroom-Drift's teacher-forced drift scan.
+SCANNING_STRATEGIES = ("headroom_drift", "headroom_drift+elite")
 
 
 @dataclass(frozen=True)
@@ -231,8 +251,17 @@ def placement_need(
     )
 
 
-def run_sizes(config: Mapping[str, Any], gpu_memory_gib: float = 80.0, fused_cross_entropy: bool = True) -> RunSizes:
-    """The memory-relevant sizes of a composed training config."""
+def run_sizes(
+    config: Mapping[str, Any],
+    gpu_memory_gib: float = GPU_MEMORY_GIB[DEFAULT_GPU],
+    fused_cross_entropy: bool | None = None,
+    gpu_name: str = DEFAULT_GPU,
+    packed: bool | None = None,
+) -> RunSizes:
+    """The memory-relevant sizes of a composed training config.
+
+    ``fused_cross_entropy`` defaults to what the attention implies (flash attention runs with
+    flash-attn, whose cross-entropy verl uses); ``packed`` to ``use_remove_padding``."""
     actor = "actor_rollout_ref.actor"
     rollout = "actor_rollout_ref.rollout"
     prompt = int(config_value(config, "data.max_prompt_length", 512))
@@ -240,6 +269,14 @@ def run_sizes(config: Mapping[str, Any], gpu_memory_gib: float = 80.0, fused_cro
     max_model_len = int(config_value(config, f"{rollout}.max_model_len", 0) or prompt + response)
     ppo_tokens = int(config_value(config, f"{actor}.ppo_max_token_len_per_gpu", 16384))
     log_prob_tokens = int(config_value(config, f"{rollout}.log_prob_max_token_len_per_gpu", ppo_tokens))
+    separate = config_value(config, "trainer.v1.trainer_mode", "sync") == "separate_async"
+    engine = f"{rollout}.checkpoint_engine"
+    nccl = separate and str(config_value(config, f"{engine}.backend", "naive")) == "nccl"
+    bucket_mb = int(config_value(config, f"{engine}.update_weights_bucket_megabytes", 2048))
+    if fused_cross_entropy is None:
+        fused_cross_entropy = attention_of(config) in ATTN_FLASH
+    if packed is None:
+        packed = bool(config_value(config, "actor_rollout_ref.model.use_remove_padding", False))
     return RunSizes(
         train_gpus=int(config_value(config, "trainer.nnodes", 1))
         * int(config_value(config, "trainer.n_gpus_per_node", 1)),
@@ -251,11 +288,17 @@ def run_sizes(config: Mapping[str, Any], gpu_memory_gib: float = 80.0, fused_cro
         ),
         param_offload=bool(config_value(config, f"{actor}.fsdp_config.param_offload", False)),
         optimizer_offload=bool(config_value(config, f"{actor}.fsdp_config.optimizer_offload", False)),
+        packed=packed,
         entropy_chunking=bool(config_value(config, f"{actor}.entropy_from_logits_with_chunking", False)),
         entropy_chunk_size=int(config_value(config, f"{actor}.entropy_from_logits_chunk_size", 2048)),
+        update_entropy=bool(config_value(config, f"{actor}.calculate_entropy", False))
+        or float(config_value(config, f"{actor}.entropy_coeff", 0.0)) != 0.0,
         fused_cross_entropy=fused_cross_entropy,
         temperature=float(config_value(config, f"{rollout}.temperature", 1.0)),
+        scan=str(config_value(config, "replay.strategy", "none")) in SCANNING_STRATEGIES,
         parameter_sync_step=int(config_value(config, "trainer.v1.separate_async.parameter_sync_step", 1) or 1),
+        weight_sync_bucket_bytes=(bucket_mb << 20) if nccl else 0,
+        gpu_name=gpu_name,
         train_gpu_memory_gib=gpu_memory_gib,
         rollout_gpu_memory_gib=gpu_memory_gib,
         rollout_tensor_parallel=int(config_value(config, f"{rollout}.tensor_model_parallel_size", 1)),
@@ -265,20 +308,42 @@ def run_sizes(config: Mapping[str, Any], gpu_memory_gib: float = 80.0, fused_cro
     )
 
 
+def fitting_limits(shape: ModelShape, sizes: RunSizes) -> str:
+    """The recipe settings that make ``sizes`` fit ``MEMORY_MARGIN`` below the GPU's memory."""
+    target = int((1 - MEMORY_MARGIN) * sizes.train_gpu_memory_gib * GIB)
+    settings = []
+    for attempt in (sizes, replace(sizes, optimizer_offload=True)):
+        ppo = fit_token_limit(shape, attempt, "ppo_max_token_len_per_gpu", target, floor=attempt.max_model_len)
+        lp = fit_token_limit(shape, attempt, "log_prob_max_token_len_per_gpu", target, floor=attempt.max_model_len)
+        if ppo and lp:
+            if attempt.optimizer_offload and not sizes.optimizer_offload:
+                settings.append("ACTOR_OFFLOAD=True")
+            if ppo < sizes.ppo_max_token_len_per_gpu:
+                settings.append(f"PPO_MAX_TOKEN_LEN={ppo}")
+            if lp < sizes.log_prob_max_token_len_per_gpu:
+                settings.append(f"LOG_PROB_MAX_TOKEN_LEN={lp}")
+            return " ".join(settings) or "the current limits"
+    return (
+        f"nothing on {sizes.train_gpus} training GPU(s): even one {sizes.max_model_len}-token sequence per "
+        "micro-batch does not fit; add training GPUs (TRAIN_GPUS)"
+    )
+
+
 def choose_attention(requested: str, probe: Probe | None = None) -> tuple[str, bool, str]:
     """(attn_implementation, use_remove_padding, why) for ``requested`` = ``auto`` or a name.
 
-    ``auto``: flash_attention_2 with padding-free packing when flash-attn is installed, else sdpa
-    without packing (verl packs sequences for flash attention only). An explicit name is kept.
-    Only looks the package up (no import, so it is instant); the preflight's attention check
-    then imports it.
+    ``auto`` is what a GPU host runs: flash_attention_2 with padding-free packing, whatever this
+    machine has installed (so that ``DRY_RUN=1`` on a CPU machine shows the GPU config; the
+    preflight on the GPU host fails without flash-attn, naming the memory the padded path would
+    need). An explicit name is kept; only flash attention packs (verl patches flash-attn's
+    varlen path). Never imports anything.
     """
     probe = probe or Probe()
     if requested != "auto":
         return requested, requested in ATTN_FLASH, f"{requested} (asked for)"
-    if probe.has_module("flash_attn"):
-        return "flash_attention_2", True, f"flash_attention_2 (flash-attn {probe.version('flash-attn')} is installed)"
-    return "sdpa", False, "sdpa, no padding-free packing (flash-attn is not installed)"
+    have = probe.version("flash-attn")
+    installed = f"flash-attn {have} is installed" if have else "flash-attn not installed here: the preflight checks it"
+    return "flash_attention_2", True, f"flash_attention_2 with padding-free packing ({installed})"
 
 
 # --------------------------------------------------------------------------- checks
@@ -365,41 +430,63 @@ def _check_weight_sync(config: Mapping[str, Any], probe: Probe) -> Check:
     )
 
 
-def _check_attention(config: Mapping[str, Any], probe: Probe) -> Check:
+def memory_target(gpus: Sequence[tuple[str, int]]) -> tuple[str, float, bool]:
+    """(GPU name, usable GiB, assumed) the budget is held against: the smallest visible GPU, else
+    the recipes' A100 80GB (``assumed``)."""
+    if gpus:
+        name, memory = min(gpus, key=lambda gpu: gpu[1])
+        return name, memory / GIB, False
+    return DEFAULT_GPU, GPU_MEMORY_GIB[DEFAULT_GPU], True
+
+
+def _check_attention(
+    config: Mapping[str, Any], probe: Probe, shape: ModelShape | None, gpus: Sequence[tuple[str, int]]
+) -> Check:
     impl = attention_of(config)
     packed = bool(config_value(config, "actor_rollout_ref.model.use_remove_padding", False))
+    on_cpu = config_value(config, "trainer.device", "cuda") == "cpu"
     if impl in ATTN_FLASH:
         error = probe.import_error("flash_attn")
         if error:
-            return Check(
-                "attention",
-                FAIL,
-                f"attn_implementation={impl} but flash-attn does not import ({error[:120]})",
-                f"{INSTALL_KERNELS}, or run with sdpa (recipes: ATTN_IMPL=sdpa; by hand: "
+            detail = f"attn_implementation={impl} but flash-attn does not import ({error[:100]})"
+            by_hand = (
                 "actor_rollout_ref.model.override_config.attn_implementation=sdpa "
-                "actor_rollout_ref.model.use_remove_padding=False)",
+                "actor_rollout_ref.model.use_remove_padding=False"
             )
+            fix = f"{INSTALL_KERNELS}; or run padded on purpose: ATTN_IMPL=sdpa (by hand: {by_hand})"
+            if shape is not None and not on_cpu:
+                name, memory, assumed = memory_target(gpus)
+                padded = run_sizes(config, memory, fused_cross_entropy=False, gpu_name=name, packed=False)
+                budget = estimate(shape, padded)
+                detail += (
+                    f"; without it (sdpa: padded micro-batches, entropy not chunked, no fused cross-entropy) this run "
+                    f"needs {budget.training_total / GIB:.1f} GiB per training GPU at the {budget.training_pass}, "
+                    f"of {memory:.1f} GiB" + (f" ({name} assumed)" if assumed else f" ({name})")
+                )
+                fix = f"{INSTALL_KERNELS}; or run padded on purpose: ATTN_IMPL=sdpa {fitting_limits(shape, padded)}"
+            return Check("attention", FAIL, detail, fix)
         version = probe.version("flash-attn")
         detail = f"{impl}, flash-attn {version}" + (", padding-free packing" if packed else "")
         if version and version.split("+")[0] != FLASH_ATTN_VERSION:
             return Check("attention", WARN, detail + f" (pinned: {FLASH_ATTN_VERSION})", f"{INSTALL_KERNELS}")
         return Check("attention", OK, detail)
-    if packed and config_value(config, "trainer.device", "cuda") != "cpu":
+    if on_cpu:
+        # verl_replay's CPU support gives Qwen3.5's linear attention packed-sequence kernels and
+        # transformers' sdpa masks packed sequences apart: both paths are exact on CPU
+        return Check("attention", OK, f"{impl}" + (", padding-free packing" if packed else ", padded micro-batches"))
+    if packed:
         return Check(
             "attention",
             FAIL,
             f"attn_implementation={impl} with use_remove_padding=True: verl packs sequences for flash attention only",
             "set actor_rollout_ref.model.use_remove_padding=False (or install flash-attn)",
         )
-    padded = (
-        (
-            ", padded micro-batches (each padded to its longest sequence: slower, and more memory than "
-            "the packed estimate below when short and long sequences share one)"
-        )
-        if not packed
-        else ""
+    return Check(
+        "attention",
+        OK,
+        f"{impl}, padded micro-batches (asked for): each padded to its longest row, entropy on the whole "
+        "micro-batch (see the gpu memory check)",
     )
-    return Check("attention", OK, f"{impl}{padded}")
 
 
 def _check_linear_attention(config: Mapping[str, Any], probe: Probe, shape: ModelShape | None) -> list[Check]:
@@ -560,38 +647,39 @@ def _check_gpus(config: Mapping[str, Any], probe: Probe, need: PlacementNeed) ->
 
 
 def _check_memory(
-    config: Mapping[str, Any], shape: ModelShape | None, gpus: list[tuple[str, int]], fused: bool
+    config: Mapping[str, Any], shape: ModelShape | None, gpus: list[tuple[str, int]], flash_attn: bool
 ) -> tuple[Check, MemoryBudget | None]:
     if config_value(config, "trainer.device", "cuda") == "cpu":
         return Check("gpu memory", SKIP, "trainer.device=cpu"), None
     if shape is None:
         return Check("gpu memory", SKIP, "model shape unknown"), None
-    memory = min(m for _, m in gpus) / GIB if gpus else 80.0
-    budget = estimate(shape, run_sizes(config, memory, fused_cross_entropy=fused))
+    name, memory, assumed = memory_target(gpus)
+    # flash attention runs with flash-attn (the attention check fails without it): its cross-entropy
+    fused = flash_attn or attention_of(config) in ATTN_FLASH
+    sizes = run_sizes(config, memory, fused_cross_entropy=fused, gpu_name=name)
+    budget = estimate(shape, sizes)
+    passes = ", ".join(f"{pass_name} {budget.pass_total(pass_name) / GIB:.1f}" for pass_name in budget.passes)
+    where = f"{memory:.1f} GiB ({name} assumed: no GPU visible)" if assumed else f"{memory:.1f} GiB ({name})"
     detail = (
-        f"training {budget.training_total / GIB:.1f} GiB at the {budget.training_pass}, rollout KV cache "
-        f"{budget.rollout[-1].bytes / GIB:.1f} GiB ({budget.kv_sequences} full-length sequences)"
+        f"training {budget.training_total / GIB:.1f} GiB at the {budget.training_pass} ({passes}), rollout "
+        f"{budget.rollout_total / GIB:.1f} GiB ({budget.kv_sequences} full-length sequences in its KV cache), "
+        f"of {where}"
     )
-    if not gpus:
-        return Check("gpu memory", SKIP, detail + " (estimate for 80 GiB GPUs; no GPU visible)"), budget
-    limit = memory * GIB
+    limit = budget.train_limit
     if budget.training_total > limit:
-        return Check(
-            "gpu memory",
-            FAIL,
-            detail + f" > {memory:.0f} GiB per GPU",
-            "lower PPO_MAX_TOKEN_LEN / LOG_PROB_MAX_TOKEN_LEN, set ACTOR_OFFLOAD=True, or add training GPUs",
-        ), budget
+        return Check("gpu memory", FAIL, detail, f"set {fitting_limits(shape, sizes)}"), budget
+    if budget.rollout_total > budget.rollout_limit:
+        return Check("gpu memory", FAIL, detail, "lower ROLLOUT_GPU_MEMORY_UTILIZATION"), budget
     if budget.kv_sequences < 1:
         return Check("gpu memory", FAIL, detail, "raise ROLLOUT_GPU_MEMORY_UTILIZATION or ROLLOUT_TP"), budget
-    if budget.training_total > 0.92 * limit:
+    if budget.training_total > (1 - MEMORY_MARGIN) * limit:
         return Check(
             "gpu memory",
             WARN,
-            detail + f", within 8% of {memory:.0f} GiB",
-            "lower PPO_MAX_TOKEN_LEN / LOG_PROB_MAX_TOKEN_LEN if a step runs out of memory",
+            detail + f": less than {MEMORY_MARGIN:.0%} left free",
+            f"for the margin set {fitting_limits(shape, sizes)}",
         ), budget
-    return Check("gpu memory", OK, detail + f" of {memory:.0f} GiB"), budget
+    return Check("gpu memory", OK, detail), budget
 
 
 def checkpoint_bytes(shape: ModelShape, contents: Iterable[str]) -> int:
@@ -697,14 +785,14 @@ def run_checks(
     checks = [_check_python(config, probe), _check_torch(config, probe)]
     checks.append(Check("vllm", SKIP, "trainer.device=cpu") if on_cpu else _check_vllm(config, probe))
     checks.append(_check_weight_sync(config, probe))
-    checks.append(_check_attention(config, probe))
     model_check, shape, _ = _model_shape(config, probe)
+    gpu_check, gpus = _check_gpus(config, probe, placement_need(config, stages, generation_gpus))
+    checks.append(_check_attention(config, probe, shape, gpus))
     checks.append(_check_model_arch(config, probe, model_check, shape) if not on_cpu else model_check)
     checks += _check_linear_attention(config, probe, shape)
-    gpu_check, gpus = _check_gpus(config, probe, placement_need(config, stages, generation_gpus))
     checks.append(gpu_check)
-    fused = probe.import_error("flash_attn") is None
-    memory_check, budget = _check_memory(config, shape, gpus, fused)
+    flash_attn = probe.import_error("flash_attn") is None
+    memory_check, budget = _check_memory(config, shape, gpus, flash_attn)
     checks.append(memory_check)
     checks.append(_check_disk(config, probe, shape) if "train" in stages else Check("disk", SKIP, "no training stage"))
     checks += _check_settings(config, shape, budget, probe)

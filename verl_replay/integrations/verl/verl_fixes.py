@@ -10,12 +10,17 @@ the patch can be dropped.
   library's logger rejects with ``TypeError``: the trainer dies in ``_setup``. Its module logger is
   wrapped to drop the ``flush`` argument.
 - ``tensordict_utils.maybe_fix_3d_position_ids`` sets ``_ragged_idx = 2`` on every 3-D nested
-  ``position_ids`` (M-RoPE, per row ``(4, L)``: ragged in the last dimension). TransferQueue hands
-  back a batch whose rows all have one length ragged in the *leading* row dimension instead
-  (``[B, j, L]``, each ``j`` = 4); forcing 2 on that layout makes the next ``unbind`` split the
-  wrong dimension, and verl's update dies in ``split_with_sizes`` whenever a mini-batch's rows
-  all have one length (common on small batches, any strategy). The replacement sets the ragged
-  dimension the tensor's storage actually has.
+  ``position_ids`` (M-RoPE, per row ``(4, L)``: ragged in the last dimension, values
+  ``[4, sum L]``). TransferQueue builds its batches with ``torch.nested.as_nested_tensor``, which
+  stores rows that all have one length ragged in the *leading* row dimension instead (``[B, j, L]``,
+  each ``j`` = 4, values ``[4B, L]``). Forcing 2 on that layout makes the next ``unbind`` split the
+  wrong dimension (the padded path dies in ``split_with_sizes``), and even with the right ragged
+  dimension the packed path (``use_remove_padding``) reads ``values()`` as ``[4, sum L]`` and gets
+  position ids ``(4B, 1, L)`` for input ids ``(1, B*L)``: Qwen3.5's forward raises a size mismatch
+  in its rotary embedding. Such shards are common: a one-group scan chunk whose responses all stop
+  at the length cap, or any small mini-batch. The replacement reads the layout from the storage
+  (against the rows' token counts in ``input_ids``) and rebuilds a leading-ragged tensor into the
+  layout verl expects, so both paths see ``[B, 4, j]`` with values ``[4, sum L]``.
 """
 
 from __future__ import annotations
@@ -52,25 +57,71 @@ def tolerate_flush_keyword(module: Any) -> None:
         module.logger = FlushTolerantLogger(logger, {})
 
 
-def ragged_dim_of_3d_positions(position_ids: Any) -> int:
+MROPE_ROWS = 4  # verl's M-RoPE position ids per row: text + temporal / height / width
+
+
+def _row_lengths(data: Any) -> list[int] | None:
+    """Token count of every row, from ``input_ids`` (a nested tensor ragged in its last dimension)."""
+    if "input_ids" not in data.keys():
+        return None
+    input_ids = data["input_ids"]
+    if not getattr(input_ids, "is_nested", False) or input_ids.dim() != 2:
+        return None
+    return input_ids.offsets().diff().tolist()
+
+
+def ragged_dim_of_3d_positions(position_ids: Any, lengths: list[int] | None = None) -> int:
     """The ragged dimension (1 or 2, batch dimension 0) a 3-D jagged tensor's storage has.
 
-    Rows ``(R, L_i)`` ragged in the last dimension are stored as values ``[R, sum L_i]``; rows of
-    one length ragged in the leading one as ``[sum R_i, L]``: the ragged dimension is the one whose
-    size is the offsets' total. When both sizes are (one row of R = L) verl's choice, 2, stands.
+    Rows ``(R, L_i)`` ragged in the last dimension are stored as values ``[R, sum L_i]`` with the
+    offsets of the ``L_i``; rows of one length ragged in the leading one as ``[sum R_i, L]`` with the
+    offsets of the ``R_i`` (= ``MROPE_ROWS`` each). ``lengths`` (each row's token count, from
+    ``input_ids``) decides; without it the row count ``MROPE_ROWS`` does. When both readings fit
+    (one row of ``MROPE_ROWS`` tokens) they give the same row, and verl's choice, 2, stands.
     """
-    values, total = position_ids.values(), int(position_ids.offsets()[-1])
-    if values.shape[0] == total and values.shape[1] != total:
+    values, offsets = position_ids.values(), position_ids.offsets()
+    steps = offsets.diff().tolist()
+    total = int(offsets[-1])
+    if lengths is not None:
+        last = values.shape[1] == total and steps == list(lengths)
+        leading = values.shape[0] == total and all(n == values.shape[1] for n in lengths)
+    else:
+        last = values.shape[0] == MROPE_ROWS and values.shape[1] == total
+        leading = values.shape[0] == total and all(step == MROPE_ROWS for step in steps)
+    if leading and not last:
         return 1
-    return 2
+    if last or leading:
+        return 2
+    raise ValueError(
+        f"position_ids storage {tuple(values.shape)} with offsets {offsets.tolist()} fits neither (4, L) rows "
+        f"ragged in the last dimension nor rows of one length (row lengths {lengths})"
+    )
+
+
+def as_last_dim_ragged(position_ids: Any) -> Any:
+    """Rows of one length stored ragged in the leading dimension (values ``[B*R, L]``), rebuilt as
+    verl's layout: ragged in the last dimension, values ``[R, B*L]`` (each row ``(R, L)`` unchanged)."""
+    import torch
+
+    offsets = position_ids.offsets()
+    rows, width = len(offsets) - 1, int(position_ids.values().shape[1])
+    per_row = int(offsets[1] - offsets[0]) if rows else MROPE_ROWS
+    values = position_ids.values().reshape(rows, per_row, width).permute(1, 0, 2).reshape(per_row, rows * width)
+    row_offsets = torch.arange(0, rows * width + 1, width, dtype=offsets.dtype, device=offsets.device)
+    return torch.nested.nested_tensor_from_jagged(values, row_offsets, jagged_dim=2)
 
 
 def fix_3d_position_ids_by_layout(data: Any) -> None:
-    """verl's ``maybe_fix_3d_position_ids``, with the ragged dimension read from the storage."""
-    if "position_ids" in data.keys():
-        positions = data["position_ids"]
-        if positions.dim() == 3 and positions.is_nested:
-            positions._ragged_idx = ragged_dim_of_3d_positions(positions)
+    """verl's ``maybe_fix_3d_position_ids``, for every layout TransferQueue returns."""
+    if "position_ids" not in data.keys():
+        return
+    positions = data["position_ids"]
+    if positions.dim() != 3 or not positions.is_nested:
+        return
+    if ragged_dim_of_3d_positions(positions, _row_lengths(data)) == 1:
+        data["position_ids"] = as_last_dim_ragged(positions)
+    else:
+        positions._ragged_idx = 2
 
 
 def use_layout_aware_position_fix(module: Any) -> None:

@@ -1,0 +1,200 @@
+"""CPU kernels for Qwen3.5's Gated DeltaNet layers that keep packed sequences apart.
+
+verl's padding-free path (``use_remove_padding=True``, what the recipes run on GPUs) packs a
+micro-batch into one row and hands the boundaries to its patched Qwen3.5 forward
+(``verl/models/transformers/qwen3_5.py``) as ``cu_seqlens``. That forward calls the two kernels
+the Gated DeltaNet layer holds:
+
+- ``self.causal_conv1d_fn(x=..., seq_idx=...)``: on GPUs causal-conv1d's kernel, which restarts
+  the short convolution where ``seq_idx`` changes. Without it (``None``) verl runs a torch
+  convolution per packed sequence, which is exact.
+- ``self.chunk_gated_delta_rule(..., cu_seqlens=...)``: on GPUs flash-linear-attention's kernel,
+  which restarts the recurrence at every sequence start. Without it transformers' torch fallback
+  (``torch_chunk_gated_delta_rule``) takes ``**kwargs`` and so silently *ignores* ``cu_seqlens``:
+  the recurrent state runs on from one packed sequence into the next (a packed row then differs
+  from separate rows by ~5e-3 in the logits on the tiny model).
+
+The layer takes both kernels from its module's globals when it is built
+(``causal_conv1d_fn``, ``chunk_gated_delta_rule``, ``None`` where the GPU packages are missing).
+:func:`install_packed_linear_attention_kernels` fills those ``None`` slots with the torch
+implementations below, the same extension point the GPU packages fill, so verl's packed forward
+takes its GPU branches (``seq_idx`` for the convolution, ``cu_seqlens`` for the recurrence) and is
+exact on CPU. Each kernel without boundaries runs exactly transformers' own torch fallback, so
+unpacked forwards (padded training, generation with a cache) are unchanged bit for bit. With
+flash-linear-attention or causal-conv1d installed the corresponding slot is not ``None`` and is
+left alone.
+
+Imports torch and transformers only; verl's CPU support installs it in every process (before
+any model is built: a layer reads the globals once, in ``__init__``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+QWEN3_5_MODULES = (
+    "transformers.models.qwen3_5.modeling_qwen3_5",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+)
+# (module, attribute) of the transformers private names this module reads or rebinds.
+PRIVATE_API_PATCHES: tuple[tuple[str, str], ...] = tuple(
+    (module, attribute)
+    for module in QWEN3_5_MODULES
+    for attribute in ("causal_conv1d_fn", "chunk_gated_delta_rule", "torch_chunk_gated_delta_rule")
+)
+
+_installed: list[str] = []
+
+
+class TransformersApiChanged(RuntimeError):
+    """A transformers name this module relies on has moved: the pinned transformers changed."""
+
+
+def _segments(boundaries: list[int]) -> list[tuple[int, int]]:
+    return [(start, end) for start, end in zip(boundaries[:-1], boundaries[1:], strict=True)]
+
+
+def _seq_idx_boundaries(seq_idx: torch.Tensor) -> list[int]:
+    """[0, ..., T]: where the sequence index of one row changes (``seq_idx`` [T])."""
+    changes = (torch.nonzero(seq_idx[1:] != seq_idx[:-1]).flatten() + 1).tolist()
+    return [0, *changes, int(seq_idx.shape[0])]
+
+
+def packed_causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    return_final_states: bool = False,
+    final_states_out: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """causal-conv1d's ``causal_conv1d_fn`` in torch: a depthwise causal convolution per sequence.
+
+    ``x`` [B, C, T], ``weight`` [C, K], ``seq_idx`` [B, T] (int; a new value starts a new
+    sequence, which sees no input of the one before). Without ``seq_idx`` this is exactly the
+    layer's torch fallback, ``silu(conv1d(x, padding=K-1)[..., :T])``.
+    """
+    if initial_states is not None or return_final_states or final_states_out is not None:
+        raise NotImplementedError("the CPU causal_conv1d_fn keeps no convolution state (training forward only)")
+    if activation not in (None, "silu", "swish"):
+        raise NotImplementedError(f"causal_conv1d_fn activation {activation!r} (causal-conv1d knows silu/swish)")
+    channels, width = weight.shape
+    kernel = weight.unsqueeze(1)  # [C, 1, K], what nn.Conv1d(groups=C) holds
+
+    def conv(segment: torch.Tensor) -> torch.Tensor:  # [b, C, t] -> [b, C, t]
+        out = F.conv1d(segment, kernel, bias, padding=width - 1, groups=channels)[..., : segment.shape[-1]]
+        return F.silu(out) if activation is not None else out
+
+    if seq_idx is None:
+        return conv(x)
+    if seq_idx.shape != (x.shape[0], x.shape[-1]):
+        raise ValueError(f"seq_idx {tuple(seq_idx.shape)} does not match x {tuple(x.shape)} ([B, C, T] / [B, T])")
+    rows = []
+    for row, row_seq_idx in zip(x, seq_idx, strict=True):  # [C, T], [T]
+        parts = [conv(row[None, :, start:end]) for start, end in _segments(_seq_idx_boundaries(row_seq_idx))]
+        rows.append(torch.cat(parts, dim=-1))
+    return torch.cat(rows, dim=0)
+
+
+def _torch_fallback(module_name: str) -> Callable[..., Any]:
+    import importlib
+
+    module = importlib.import_module(module_name)
+    fallback = getattr(module, "torch_chunk_gated_delta_rule", None)
+    if fallback is None:
+        raise TransformersApiChanged(
+            f"verl_replay's CPU Gated DeltaNet kernel wraps {module_name}.torch_chunk_gated_delta_rule, which this "
+            "transformers version does not have; verl_replay pins transformers==5.9.0"
+        )
+    return fallback
+
+
+def make_packed_chunk_gated_delta_rule(fallback: Callable[..., Any]) -> Callable[..., Any]:
+    """flash-linear-attention's ``chunk_gated_delta_rule`` on top of transformers' torch fallback.
+
+    The fallback runs one sequence per batch row; with ``cu_seqlens`` (one packed row, as verl
+    passes it) each packed sequence runs on its own, from its own ``initial_state`` row (or zeros).
+    Shapes as in flash-linear-attention: ``query``/``key`` [B, T, H, K], ``value`` [B, T, H, V],
+    ``g``/``beta`` [B, T, H]; with ``cu_seqlens`` (N+1 offsets) B is 1 and the states are [N, H, K, V].
+    """
+
+    def packed_chunk_gated_delta_rule(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        scale: float | None = None,
+        initial_state: torch.Tensor | None = None,
+        output_final_state: bool = False,
+        use_qk_l2norm_in_kernel: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
+        cu_seqlens_cpu: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if scale is not None and abs(scale - query.shape[-1] ** -0.5) > 1e-12:
+            raise NotImplementedError("the torch gated delta rule scales by 1/sqrt(head_dim) only")
+        common = {"output_final_state": output_final_state, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}
+        if cu_seqlens is None:
+            return fallback(query, key, value, g=g, beta=beta, initial_state=initial_state, **common)
+        if query.shape[0] != 1:
+            raise ValueError(f"packed sequences (cu_seqlens) need batch size 1, got {query.shape[0]}")
+        offsets = (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).tolist()
+        if offsets[0] != 0 or offsets[-1] != query.shape[1]:
+            raise ValueError(f"cu_seqlens {offsets[0]}..{offsets[-1]} does not cover the {query.shape[1]} tokens")
+        outputs, states = [], []
+        for i, (start, end) in enumerate(_segments(offsets)):
+            state = initial_state[i : i + 1] if initial_state is not None else None
+            if end == start:  # an empty sequence: no output, the state passes through
+                if output_final_state:
+                    zeros = query.new_zeros(1, value.shape[2], query.shape[-1], value.shape[-1], dtype=torch.float32)
+                    states.append(state if state is not None else zeros)
+                continue
+            out, final = fallback(
+                *(t[:, start:end] for t in (query, key, value)),
+                g=g[:, start:end],
+                beta=beta[:, start:end],
+                initial_state=state,
+                **common,
+            )
+            outputs.append(out)  # [1, t, H, V]
+            if output_final_state:
+                states.append(final)  # [1, H, K, V]
+        output = torch.cat(outputs, dim=1) if outputs else value.new_zeros(value.shape)
+        return output, torch.cat(states, dim=0) if output_final_state else None
+
+    packed_chunk_gated_delta_rule._verl_replay_packed = True  # type: ignore[attr-defined]
+    return packed_chunk_gated_delta_rule
+
+
+def install_packed_linear_attention_kernels() -> list[str]:
+    """Fill the empty Gated DeltaNet kernel slots of transformers' Qwen3.5 modules; idempotent.
+
+    Returns the ``module.attribute`` slots now holding a CPU kernel (empty where the GPU packages
+    are installed). Layers built before this call keep what they took in ``__init__``.
+    """
+    import importlib
+
+    for name in QWEN3_5_MODULES:
+        module = importlib.import_module(name)
+        for attribute in ("causal_conv1d_fn", "chunk_gated_delta_rule"):
+            if not hasattr(module, attribute):
+                raise TransformersApiChanged(
+                    f"verl_replay's CPU support fills {name}.{attribute}, which this transformers version does not "
+                    "have; verl_replay pins transformers==5.9.0"
+                )
+        slot = f"{name}.causal_conv1d_fn"
+        if module.causal_conv1d_fn is None:
+            module.causal_conv1d_fn = packed_causal_conv1d
+            _installed.append(slot)
+        slot = f"{name}.chunk_gated_delta_rule"
+        if module.chunk_gated_delta_rule is None:
+            module.chunk_gated_delta_rule = make_packed_chunk_gated_delta_rule(_torch_fallback(name))
+            _installed.append(slot)
+    return list(_installed)
