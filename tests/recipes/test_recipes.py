@@ -75,7 +75,9 @@ def flag(command: list[str], name: str) -> str:
     return command[command.index(name) + 1]
 
 
-def run_recipe(script: str, env: dict[str, str], *args: str, timeout: int = 180) -> RecipeRun:
+def run_recipe(script: str, env: dict[str, str], *args: str, timeout: int = 900) -> RecipeRun:
+    # ``timeout`` is a hang guard, not a speed target: a dry run takes seconds on a quiet machine and
+    # minutes when a dozen of them start beside a verl run on 2 cores
     full_env = {
         key: value
         for key, value in os.environ.items()

@@ -145,7 +145,7 @@ def test_property_conjunction_order_literals_and_alias(columns, literals, perm, 
     preds_a = [f"t.{c} = {v}" for c, v in zip(columns, values_a, strict=True)]
     preds_b = [
         f"{v} = {alias}.{c}" if flip else f"{alias}.{c} = {v}"
-        for c, v, flip in zip(columns, values_b, flips, strict=True)
+        for c, v, flip in zip(columns, values_b, flips[: len(columns)], strict=True)
     ]
     perm.shuffle(preds_b)
     a = f"SELECT t.a FROM tab AS t WHERE {' AND '.join(preds_a)}"
