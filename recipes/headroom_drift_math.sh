@@ -118,7 +118,7 @@ REPLAY_RESPONSES=$((K_REP * GROUP_SIZE))
 case "$STRATEGY" in
   headroom_drift) default_experiment="hd_b${FRESH_RESPONSES}_r${REPLAY_RESPONSES}" ;;
   naive) default_experiment="naive_b${FRESH_RESPONSES}_r${REPLAY_RESPONSES}" ;;
-  none) default_experiment="grpo_b${FRESH_RESPONSES}" ;;
+  none) default_experiment="${BASELINE_NAME:-grpo}_b${FRESH_RESPONSES}" ;; # BASELINE_NAME: set by baselines/dapo.sh
 esac
 : "${EXPERIMENT:=$default_experiment}"
 : "${RUN_DIR:=$OUTPUT_DIR/$PROJECT/$EXPERIMENT}"

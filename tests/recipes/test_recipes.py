@@ -127,6 +127,7 @@ DRY_CASES = {
     ),
     "b384": ("baselines/grpo_onpolicy_b384.sh", {}, ()),
     "naive_r256": ("baselines/naive_replay.sh", {"K_REP": "32"}, ()),
+    "dapo": ("baselines/dapo.sh", {}, ()),
     "iid": ("baselines/iid_archive_replay.sh", {}, ()),
     # also the multi-node layout: 2 nodes x 8 GPUs, 4 training + 4 rollout GPUs on each
     "grpo_sql_2nodes": (
@@ -305,6 +306,63 @@ def test_naive_replay_baseline_r256(dry) -> None:
     assert config["replay"]["ppo_mini_batch_size"] == 8
     assert config["data"]["train_batch_size"] == 32
     assert config["run_dir"].endswith("/naive_b256_r256")
+
+
+def test_dapo_baseline_composes_verls_dapo_arm(dry) -> None:
+    config = dry["dapo"].config
+    check_split_placement(config)
+    actor = config["actor_rollout_ref"]["actor"]
+    assert config["replay"]["strategy"] == "none"
+    assert (actor["clip_ratio_low"], actor["clip_ratio_high"], actor["loss_agg_mode"]) == (0.2, 0.28, "token-mean")
+    assert config["reward"]["reward_manager"]["name"] == "dapo"
+    kwargs = config["reward"]["reward_kwargs"]
+    assert kwargs["max_resp_len"] == config["data"]["max_response_length"] == 4096
+    assert kwargs["overlong_buffer_cfg"] == {"enable": True, "len": 819, "penalty_factor": 1.0, "log": False}
+    assert config["run_dir"].endswith("/dapo_b256")  # beside, not over, the on-policy arm's grpo_b256
+
+
+def test_dapo_reward_manager_keeps_our_reward_and_shapes_overlong_answers(dry, tiny_assets) -> None:
+    """verl's own dapo reward manager, built from the recipe's composed config, around our reward:
+    a correct answer keeps score 1 and acc 1 until it runs into the overlong buffer, then loses
+    (length - (4096 - 819)) / 819 of a point; a wrong one is shaped the same way from 0."""
+    import numpy as np
+    import torch
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl import DataProto
+    from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
+
+    from verl_replay.rewards import compute_score
+
+    config = OmegaConf.create(dry["dapo"].config)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets.tokenizer)
+    manager = get_reward_manager_cls("dapo")(config, tokenizer, compute_score)
+    filler = tokenizer(" so", add_special_tokens=False)["input_ids"]
+    prompt = torch.tensor(tokenizer("1+3=", add_special_tokens=False)["input_ids"])
+
+    def reward(answer: str, length: int) -> dict:
+        tail = tokenizer(f" The answer is \\boxed{{{answer}}}", add_special_tokens=False)["input_ids"]
+        response = torch.tensor((filler * length)[: length - len(tail)] + tail)
+        data = DataProto.from_dict(
+            tensors={
+                "prompts": prompt[None],
+                "responses": response[None],
+                "attention_mask": torch.ones(1, len(prompt) + length, dtype=torch.long),
+            },
+            non_tensors={
+                "data_source": np.array(["math500"], dtype=object),
+                "reward_model": np.array([{"ground_truth": "4"}], dtype=object),
+                "extra_info": np.array([{"benchmark": "math500"}], dtype=object),
+            },
+        )
+        return manager.loop.run_until_complete(manager.run_single(data))
+
+    for answer, acc in (("4", 1.0), ("5", 0.0)):
+        short = reward(answer, 3277)
+        assert short["reward_score"] == pytest.approx(acc) and short["reward_extra_info"]["acc"] == acc
+        long = reward(answer, 4000)
+        assert long["reward_score"] == pytest.approx(acc - (4000 - 3277) / 819)
+        assert long["reward_extra_info"]["acc"] == acc  # the ingress reads acc, not the shaped score
 
 
 # ============================================================================ refusals (no Python started)
