@@ -40,6 +40,7 @@ def _result(final, best, curve_vals, t=2.0, acc=None, ev=None):
         "replay_kl_accepted": None,
         "elite_token_share": None,
         "val_curve": curve,
+        "auc_mean": sum(curve_vals) / len(curve_vals),
         "val_n": 2,
         "eval": ev,
     }
@@ -81,5 +82,5 @@ def test_elite_table_has_pass_at_k_and_strategies():
     assert (
         "pass@4" in table
         and "distinct correct strategies" in table
-        and "| GRPO | 1 | 10.0 | 25.0 | 50.0 | 1.00 |" in table
+        and "| GRPO | 1 | 10.0 | 10.0 | 25.0 | 50.0 | 1.00 |" in table
     )

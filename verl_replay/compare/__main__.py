@@ -16,6 +16,7 @@ that finished). Exit status 1 if a run failed, 2 for a usage error.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -91,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="start no run that would likely end past this many seconds (repeat the command to continue)",
     )
     p.add_argument("--report-only", action="store_true", help="write the report from the finished runs, run nothing")
+    p.add_argument(
+        "--from-json",
+        default=None,
+        metavar="PATH",
+        help="report again from a stored comparison.json (its runs, today's statistics) into --out "
+        "(default: next to it); runs nothing",
+    )
     return p
 
 
@@ -186,11 +194,51 @@ def collect_document(plan: Plan, records: dict[str, dict[str, Any]], wall_s: Opt
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "problems": problems,
         "comparisons": comparisons,
+        "runs": _run_points(comparisons),
     }
+
+
+def _run_points(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every finished run as ``{"arm", "seed", "points": [{"step", "fresh_responses", ...}]}``."""
+    out = []
+    for comp in comparisons:
+        for arm in comp["arms"]:
+            for seed, result in arm["runs"].items():
+                points = [
+                    {
+                        "step": p["step"],
+                        "fresh_responses": p.get("fresh_responses"),
+                        "mean": p["mean"],
+                        "best": p["best"],
+                    }
+                    for p in result.get("val_curve", [])
+                ]
+                out.append({"comparison": comp["comparison"], "arm": arm["name"], "seed": int(seed), "points": points})
+    return out
+
+
+def report_from_json(path: Path, out_dir: Optional[Path]) -> int:
+    from verl_replay.compare.report import format_table, reaggregate, write_outputs
+
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        document = reaggregate(stored)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"python -m verl_replay.compare: --from-json {path}: not a comparison document ({exc})", file=sys.stderr)
+        return 2
+    document["runs"] = _run_points(document["comparisons"])
+    paths = write_outputs(out_dir or path.parent, document)
+    for comp in document["comparisons"]:
+        print(f"\n## {comp['comparison']}\n")
+        print(format_table(comp))
+    print(f"[compare] wrote {paths['json']}, {paths['table']}, {paths['png']}", file=sys.stderr)
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.from_json:
+        return report_from_json(Path(args.from_json), Path(args.out) if args.out else None)
     dry_run = args.dry_run or _dry_run_env()
     try:
         plan = make_plan(args)

@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from verl_replay.compare.paired import curve_auc
+
 __all__ = ["RunResultError", "read_metrics", "val_curve", "collect_run"]
 
 _MEAN = re.compile(r"^val-core/(?P<src>.+)/(?:acc|reward)/mean@(?P<n>\d+)$")
@@ -135,6 +137,8 @@ def collect_run(run_dir: Path, expected_steps: Optional[int] = None) -> dict[str
     curve = val_curve(metrics)
     if not curve:
         raise RunResultError(f"{run_dir}/metrics.jsonl: no val-core/* metrics (trainer.test_freq off?)")
+    for point in curve:  # the validation of step s ran after s global steps of fresh rollouts
+        point["fresh_responses"] = prompts * group * point["step"]
     step_times = _series(metrics, "timing_s/step")
     result: dict[str, Any] = {
         "steps": max(train_steps),
@@ -146,6 +150,7 @@ def collect_run(run_dir: Path, expected_steps: Optional[int] = None) -> dict[str
         "val_curve": curve,
         "final_mean": curve[-1]["mean"],
         "final_best": curve[-1]["best"],
+        "auc_mean": curve_auc(curve, "mean"),
         "val_n": curve[-1]["n"],
         # over the steps that scanned / replayed anything (the first step has an empty buffer)
         "replay_acceptance": _avg(_series(metrics, "replay/acceptance_rate", where="replay/scanned")),

@@ -4,6 +4,10 @@ Seed noise: an arm's difference to the comparison's reference arm (its first arm
 on-policy GRPO run) is called *within seed noise* when it is smaller than two standard errors
 of the difference, ``2 * sqrt(s_a^2 / n_a + s_r^2 / n_r)`` (s: the sample standard deviation over
 seeds). With 3 seeds this is a coarse screen, not a significance test.
+
+Paired by seed (``verl_replay.compare.paired``): per seed ``arm - reference`` of the final value,
+of the mean over all evaluations and of the value at the reference's fresh-response budget, with
+the mean difference's 95% t interval over the seeds both arms finished.
 """
 
 from __future__ import annotations
@@ -14,14 +18,28 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from verl_replay._files import atomic_write_text
+from verl_replay.compare.paired import curve_auc, paired_difference, value_at_fresh_responses
 
-__all__ = ["SCHEMA_VERSION", "mean_std", "noise_verdict", "aggregate", "format_table", "plot_curves", "write_outputs"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "mean_std",
+    "noise_verdict",
+    "aggregate",
+    "reaggregate",
+    "format_table",
+    "plot_curves",
+    "write_outputs",
+]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: paired differences, the mean over evaluations, fresh responses per point
+
+# what an arm of a comparison document carries besides its results
+_ARM_META = ("name", "label", "recipe", "fresh_prompts_per_step")
 
 # (key in a run's result, column title, formatter kind)
 _HD_COLUMNS = [
     ("final_mean", "Mean@{n} (final)", "pct"),
+    ("auc_mean", "Mean@{n} (all evaluations)", "pct"),
     ("final_best", "Best@{n} (final)", "pct"),
     ("fresh_responses", "fresh responses", "int"),
     ("step_time_s", "s / step", "sec"),
@@ -31,6 +49,7 @@ _HD_COLUMNS = [
 ]
 _ELITE_COLUMNS = [
     ("final_mean", "val Mean@{n} (final)", "pct"),
+    ("auc_mean", "val Mean@{n} (all evaluations)", "pct"),
     ("eval:pass@1", "pass@1", "pct"),
     ("eval:pass@{kmax}", "pass@{kmax}", "pct"),
     ("eval:distinct_strategies", "distinct correct strategies", "num"),
@@ -79,13 +98,45 @@ def _value(result: Mapping[str, Any], key: str) -> Optional[float]:
 
 def _curve_stats(curves: Sequence[Sequence[Mapping[str, float]]], field: str) -> list[dict[str, Any]]:
     by_step: dict[int, list[float]] = {}
+    fresh: dict[int, Any] = {}
     for curve in curves:
         for point in curve:
             by_step.setdefault(int(point["step"]), []).append(float(point[field]))
+            fresh.setdefault(int(point["step"]), point.get("fresh_responses"))
     out = []
     for step in sorted(by_step):
         mean, std, n = mean_std(by_step[step])
-        out.append({"step": step, "mean": mean, "std": std, "n": n})
+        out.append({"step": step, "fresh_responses": fresh[step], "mean": mean, "std": std, "n": n})
+    return out
+
+
+# (name in "paired", title in the table)
+PAIRED_MEASURES = (
+    ("final_mean", "final"),
+    ("auc_mean", "all evaluations"),
+    ("mean_at_reference_fresh", "at the reference's fresh responses"),
+)
+
+
+def paired_vs_reference(
+    arm_runs: Mapping[int, Mapping[str, Any]], ref_runs: Mapping[int, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Per measure, ``arm - reference`` paired by seed (``paired_difference``)."""
+    out = {
+        key: paired_difference(
+            {s: _value(r, key) for s, r in arm_runs.items()}, {s: _value(r, key) for s, r in ref_runs.items()}
+        )
+        for key in ("final_mean", "auc_mean")
+    }
+    at_budget = {}
+    for seed, result in arm_runs.items():
+        ref = ref_runs.get(seed)
+        if ref is None or not ref.get("val_curve") or ref["val_curve"][-1].get("fresh_responses") is None:
+            continue
+        at_budget[seed] = value_at_fresh_responses(result["val_curve"], ref["val_curve"][-1]["fresh_responses"])
+    out["mean_at_reference_fresh"] = paired_difference(
+        at_budget, {s: _value(r, "final_mean") for s, r in ref_runs.items()}
+    )
     return out
 
 
@@ -126,6 +177,9 @@ def aggregate(
         )
     if out_arms:
         ref = out_arms[0]
+        ref_runs = runs.get(ref["name"], {})
+        for arm in out_arms[1:]:
+            arm["paired"] = paired_vs_reference(runs.get(arm["name"], {}), ref_runs)
         for arm in out_arms:
             arm["vs_reference"] = {
                 key: noise_verdict(arm["summary"][key], ref["summary"][key])
@@ -143,6 +197,38 @@ def aggregate(
         "pass_k_max": kmax,
         "arms": out_arms,
     }
+
+
+def _with_fresh_responses(result: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored run's result with what a document written before paired statistics lacks: each
+    validation point's fresh responses (its step x the run's fresh responses per step) and the
+    mean over evaluations."""
+    result = dict(result)
+    per_step = float(result["fresh_responses"]) / max(1, int(result["steps"]))
+    curve = [dict(p) for p in result.get("val_curve", [])]
+    for point in curve:
+        point.setdefault("fresh_responses", per_step * int(point["step"]))
+    result["val_curve"] = curve
+    if result.get("auc_mean") is None:
+        result["auc_mean"] = curve_auc(curve)
+    return result
+
+
+def reaggregate(document: Mapping[str, Any]) -> dict[str, Any]:
+    """The comparisons of a stored ``comparison.json`` aggregated again from the runs it holds
+    (today's statistics over the same runs; nothing is rerun)."""
+    out = dict(document)
+    comparisons = []
+    for comp in document["comparisons"]:
+        arms = [{k: v for k, v in arm.items() if k in _ARM_META} for arm in comp["arms"]]
+        runs = {
+            arm["name"]: {int(seed): _with_fresh_responses(result) for seed, result in arm["runs"].items()}
+            for arm in comp["arms"]
+        }
+        comparisons.append(aggregate(comp["comparison"], arms, runs))
+    out["comparisons"] = comparisons
+    out["schema_version"] = SCHEMA_VERSION
+    return out
 
 
 def _fmt(stat: Mapping[str, Any], kind: str) -> str:
@@ -187,12 +273,29 @@ def format_table(comp: Mapping[str, Any]) -> str:
                 f"{dict((k, t) for k, t, _ in cols).get(k, k)}: {v}" for k, v in arm.get("vs_reference", {}).items()
             )
             lines.append(f"- {arm['label']}: {verdicts}")
+        lines.append("")
+        lines.append(
+            f"Paired by seed ({ref['label']} as reference): arm - reference of Mean@{n} in points, "
+            "mean [95% t interval] over the seeds both finished:"
+        )
+        for arm in comp["arms"][1:]:
+            parts = [f"{title} {_fmt_paired(arm.get('paired', {}).get(key, {}))}" for key, title in PAIRED_MEASURES]
+            lines.append(f"- {arm['label']}: " + "; ".join(parts))
     return "\n".join(lines) + "\n"
 
 
+def _fmt_paired(diff: Mapping[str, Any]) -> str:
+    if diff.get("mean") is None:
+        return "–"
+    text = f"{100.0 * diff['mean']:+.1f}"
+    if diff.get("low") is not None:
+        text += f" [{100.0 * diff['low']:+.1f}, {100.0 * diff['high']:+.1f}]"
+    return text + f" ({diff['n']} seeds)"
+
+
 def plot_curves(comparisons: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Validation Mean@n and Best@n over global steps, one line per arm (mean over seeds, band:
-    ± one standard deviation); one row of two panels per comparison."""
+    """Validation Mean@n and Best@n over global steps and Mean@n over fresh responses, one line per
+    arm (mean over seeds, band: ± one standard deviation); one row of three panels per comparison."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -200,23 +303,29 @@ def plot_curves(comparisons: Sequence[Mapping[str, Any]], path: Path) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     rows = max(1, len(comparisons))
-    fig, axes = plt.subplots(rows, 2, figsize=(11, 3.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, 3, figsize=(16, 3.8 * rows), squeeze=False)
     for row, comp in enumerate(comparisons):
         n = comp.get("val_n") or "n"
-        for col, (field, name) in enumerate((("curve_mean", f"Mean@{n}"), ("curve_best", f"Best@{n}"))):
+        panels = (
+            ("curve_mean", f"Mean@{n}", "step"),
+            ("curve_best", f"Best@{n}", "step"),
+            ("curve_mean", f"Mean@{n}", "fresh_responses"),
+        )
+        for col, (field, name, x_key) in enumerate(panels):
             ax = axes[row][col]
             for arm in comp["arms"]:
-                pts = [p for p in arm[field] if p["mean"] is not None]
+                pts = [p for p in arm[field] if p["mean"] is not None and p.get(x_key) is not None]
                 if not pts:
                     continue
-                xs = [p["step"] for p in pts]
+                xs = [p[x_key] for p in pts]
                 ys = [100.0 * p["mean"] for p in pts]
                 (line,) = ax.plot(xs, ys, marker="o", label=f"{arm['label']} ({len(arm['seeds'])} seeds)")
                 lo = [100.0 * (p["mean"] - (p["std"] or 0.0)) for p in pts]
                 hi = [100.0 * (p["mean"] + (p["std"] or 0.0)) for p in pts]
                 ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
-            ax.set_title(f"{comp['comparison']}: validation {name}")
-            ax.set_xlabel("global step")
+            by = "global step" if x_key == "step" else "fresh responses"
+            ax.set_title(f"{comp['comparison']}: validation {name} by {by}")
+            ax.set_xlabel(by)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_ylabel(f"{name} (%)")
             ax.grid(alpha=0.3)

@@ -217,8 +217,9 @@ def test_a_recomputed_old_log_prob_would_be_caught(loss_mode):
 @pytest.mark.parametrize("elite", [False, True], ids=["group_replay", "elite"])
 def test_every_allowed_loss_updates_with_replayed_rows(loss_mode, elite):
     """Each allowed loss runs on fresh + replayed (+ elite) rows, its gradient finite and reaching the
-    replayed rows (a row may be clipped whole, as gspo clips the confident one); with elite rows, the GRPO part of the loss ignores them (their gradient is
-    the NLL term's alone) and fresh rows keep the gradient they get without any elite row."""
+    replayed rows (a row may be clipped whole, as gspo clips the confident one); with elite rows,
+    the GRPO part of the loss ignores them (their gradient is the NLL term's alone) and fresh rows
+    keep the gradient they get without any elite row."""
     if elite and loss_mode in ROW_COUNTING_POLICY_LOSSES:
         pytest.skip(f"{loss_mode} with EliteReplay is refused (tested below)")
     config = _actor_config(loss_mode)
