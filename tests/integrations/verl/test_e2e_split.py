@@ -5,7 +5,11 @@ One training worker and one rollout worker (the hf rollout server), weights push
 from outside the replay code where it can: the event log against the metrics, the rows the real
 update trained on (``replay.audit_dir``) against what verl itself put in the batch when those
 tokens were fresh, verl's own rollout dump against ``critic/score`` (``split_checks``).
-EliteReplay's term inside the update is checked against a separate forward pass of the model.
+EliteReplay's term inside the update is checked against a separate forward pass of the model. The
+Headroom-Drift + EliteReplay run gates at a real tau (it accepts and rejects): every scan is
+recomputed from a plain transformers forward of the weights it ran under and its decisions replayed
+rule by rule, and the gradients of optimiser steps (one at the initial weights, a round of two)
+against float64 autograd of the mixed loss (``independent_checks``).
 Headroom-Drift alone is checked the same way on the recipe itself (``TINY=1 bash
 recipes/headroom_drift_math.sh``, tests/recipes/test_recipes.py).
 """
@@ -32,7 +36,7 @@ from verl_replay.headroom_drift.buffer import HeadroomDriftBuffer
 from verl_replay.headroom_drift.events import read_events
 
 # what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
-E2E_SECONDS = 330
+E2E_SECONDS = 400  # the gated run's two more steps, checkpoint and independent recomputation: ~70 s
 
 pytestmark = pytest.mark.e2e
 
