@@ -5,7 +5,11 @@ One training worker and one rollout worker (the hf rollout server), weights push
 from outside the replay code where it can: the event log against the metrics, the rows the real
 update trained on (``replay.audit_dir``) against what verl itself put in the batch when those
 tokens were fresh, verl's own rollout dump against ``critic/score`` (``split_checks``).
-EliteReplay's term inside the update is checked against a separate forward pass of the model.
+EliteReplay's term inside the update is checked against a separate forward pass of the model. The
+Headroom-Drift + EliteReplay run gates at a real tau (it accepts and rejects): every scan is
+recomputed from a plain transformers forward of the weights it ran under and its decisions replayed
+rule by rule, and the gradients of optimiser steps (one at the initial weights, a round of two)
+against float64 autograd of the mixed loss (``independent_checks``).
 Headroom-Drift alone is checked the same way on the recipe itself (``TINY=1 bash
 recipes/headroom_drift_math.sh``, tests/recipes/test_recipes.py).
 """
@@ -13,15 +17,26 @@ recipes/headroom_drift_math.sh``, tests/recipes/test_recipes.py).
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 
 import pytest
 import torch
+from independent_checks import (
+    check_gradients,
+    check_ingress_against_rewards,
+    check_replay_metric_values,
+    check_scan_and_gate,
+    read_gradient_records,
+)
 from replay_audit import ELITE, read_audit
+from split_checks import GROUP_SIZE, check_group_replay_run
 from split_checks import SPLIT_OVERRIDES as SPLIT
-from split_checks import check_group_replay_run
+
+from verl_replay.headroom_drift.buffer import HeadroomDriftBuffer
+from verl_replay.headroom_drift.events import read_events
 
 # what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
-E2E_SECONDS = 330
+E2E_SECONDS = 400  # the gated run's two more steps, checkpoint and independent recomputation: ~70 s
 
 pytestmark = pytest.mark.e2e
 
@@ -45,6 +60,8 @@ def test_naive_replay_on_the_split_placement(run_main, tmp_path):
 
 
 def test_headroom_drift_and_elite_on_the_split_placement(run_main, tiny_archive, tiny_assets, tmp_path):
+    """The headline recipe's path with a gate that both accepts and rejects; each scan, decision and
+    optimiser step recomputed independently (``independent_checks``)."""
     audit, dump = tmp_path / "audit", tmp_path / "rollouts"
     run = run_main(
         *SPLIT,
@@ -54,18 +71,20 @@ def test_headroom_drift_and_elite_on_the_split_placement(run_main, tiny_archive,
         "replay.elite.batch_size=4",
         f"replay.elite.mu={ELITE_MU}",
         "replay.k_rep=2",
-        "replay.tau=1.0",
-        "trainer.total_training_steps=3",
+        f"replay.tau={SPLIT_TAU}",
+        f"trainer.total_training_steps={COMBINED_STEPS}",
+        f"trainer.save_freq={COMBINED_STEPS}",  # the last checkpoint's buffer: every admitted group's tokens
         f"replay.audit_dir={audit}",
         f"trainer.rollout_data_dir={dump}",
         "algorithm.rollout_correction.rollout_is=token",
         experiment="combined_split",
     )
-    check_group_replay_run(run.run_dir, run.metrics, audit, dump, steps=3, elite=True)
+    check_group_replay_run(run.run_dir, run.metrics, audit, dump, steps=COMBINED_STEPS, elite=True)
     for m in run.metrics:  # elite rows per global step, spread over its rounds, joining its optimiser steps
         assert m["replay/elite/examples"] == 4 and math.isfinite(m["replay/elite/nll"])
-    elite = [row for row in read_audit(audit) if row.source == ELITE]
-    assert len(elite) == 4 * 3
+    rows = read_audit(audit)
+    elite = [row for row in rows if row.source == ELITE]
+    assert len(elite) == 4 * COMBINED_STEPS
     for row in elite:
         assert torch.all(row.advantage == 0) and row.is_weights is not None and torch.all(row.is_weights == 1.0)
     for m in run.metrics:
@@ -73,8 +92,43 @@ def test_headroom_drift_and_elite_on_the_split_placement(run_main, tiny_archive,
         assert m["replay/elite/nll"] > 0 and math.isfinite(m["replay/elite/token_share"])
     check_elite_replay_term(audit, tiny_assets.sql_model_dir)
 
+    # The gate at a real tau, rule by rule, from a plain transformers forward of the weights each scan
+    # ran under; and what each optimiser step backpropagated against autograd of the formula.
+    buffer = HeadroomDriftBuffer.from_file(
+        run.run_dir / "checkpoints" / f"global_step_{COMBINED_STEPS}" / "replay" / "group_buffer.pt"
+    )
+    gradients = read_gradient_records(audit)
+    events = read_events(run.run_dir / "replay_events.jsonl")
+    counts = check_scan_and_gate(
+        events,
+        dict(buffer.groups_by_id),
+        rows,
+        gradients,
+        tiny_assets.sql_model_dir,
+        tau=SPLIT_TAU,
+        k_rep=2,
+    )
+    assert counts["accepted"] >= 1 and counts["rejected"] >= 1, counts  # the gate decided both ways
+    assert check_ingress_against_rewards(events, dump, group_size=GROUP_SIZE) == len(buffer)
+    assert check_replay_metric_values(events, run.metrics, dump, group_size=GROUP_SIZE) >= 1
+    assert len(gradients) == sum(m["replay/optimizer_steps"] for m in run.metrics)
+    # The first optimiser step (the initial weights) and the first round of two optimiser steps (its
+    # second at the weights the first left, with replayed rows): float64 autograd costs seconds a step.
+    by_round = defaultdict(list)
+    for g in gradients:
+        by_round[(g["replay_global_step"], g["replay_round"])].append(g["replay_optimizer_step"])
+    two_step_round = next((steps for steps in by_round.values() if len(steps) >= 2), None)
+    assert two_step_round is not None, by_round
+    errors = check_gradients(audit, tiny_assets.sql_model_dir, mu=ELITE_MU, elite=True, steps=[0, *two_step_round])
+    assert len(errors) == 1 + len(two_step_round)
+
 
 ELITE_MU = 0.05
+COMBINED_STEPS = 5
+# Above the drift floor of fresh groups (~0.005-0.04 here: they are one weight version old), between
+# the drift of groups one version older (~0.027) and two or more (~0.04-0.08), so the gate accepts
+# and rejects in the same run.
+SPLIT_TAU = 0.05
 
 
 def check_elite_replay_term(audit, model_dir) -> None:

@@ -161,7 +161,16 @@ def test_row_field_check_names_the_field():
 )
 def test_split_over_rounds(count, rounds, expected):
     assert split_over_rounds(count, rounds) == expected
-    assert sum(expected) == count and max(expected) - min(expected) <= 1
+
+
+def test_split_over_rounds_is_even_and_complete():
+    """Every split the function makes: all groups placed, shares differ by at most one, the extra
+    ones in the earliest rounds."""
+    for rounds in range(1, 6):
+        for count in range(0, 3 * rounds + 2):
+            shares = split_over_rounds(count, rounds)
+            assert len(shares) == rounds and sum(shares) == count, (count, rounds, shares)
+            assert max(shares) - min(shares) <= 1 and shares == sorted(shares, reverse=True), (count, rounds, shares)
 
 
 def test_entries_longer_than_the_run_allows_are_left_out(tmp_path, tokenizer, tiny_assets):

@@ -79,11 +79,15 @@ def test_states_of_pruned_checkpoints_are_removed(tmp_path):
     for step in (2, 4, 6):
         saved_state(tmp_path, step=step)
         (tmp_path / f"global_step_{step}" / "actor").mkdir()
+        (tmp_path / f"global_step_{step}" / "data.pt").write_bytes(b"verl's dataloader state")
     import shutil
 
     shutil.rmtree(tmp_path / "global_step_2" / "actor")  # what verl's max_actor_ckpt_to_keep does
     removed = prune_orphaned_states(tmp_path, "replay", keep_step=6)
     assert removed == [tmp_path / "global_step_2" / "replay"]
-    assert (tmp_path / "global_step_4" / "replay").is_dir() and (
-        tmp_path / "global_step_2" / "data.pt"
-    ).exists() is False
+    assert not removed[0].exists()
+    assert (tmp_path / "global_step_4" / "replay").is_dir() and (tmp_path / "global_step_6" / "replay").is_dir()
+    # only our state goes: what else verl keeps in the folder is verl's to prune
+    assert (tmp_path / "global_step_2" / "data.pt").read_bytes() == b"verl's dataloader state"
+    shutil.rmtree(tmp_path / "global_step_6" / "actor")
+    assert prune_orphaned_states(tmp_path, "replay", keep_step=6) == []  # the step being saved is kept
