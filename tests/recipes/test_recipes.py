@@ -441,6 +441,7 @@ def test_tiny_headroom_drift_recipe_runs_every_stage_through_a_crash(tmp_path) -
     the metrics go on without a gap or a repeat, and over the whole run every replay count, token
     share and second is a total of its global step, checked against the update's own record of what
     it trained on (``split_checks``)."""
+    from clean_run import check_clean_run
     from crash import kill_after_checkpoint
     from replay_audit import FRESH, read_audit
     from split_checks import check_group_replay_run
@@ -523,6 +524,7 @@ def test_tiny_headroom_drift_recipe_runs_every_stage_through_a_crash(tmp_path) -
     assert len({prompt for _, prompt in fresh_prompts}) == len(fresh_prompts) == 5 * 4
 
     check_group_replay_run(run_dir, metrics, rows, dump, k_rep=2, steps=5)
+    check_clean_run(run_dir)  # the resumed run: no hidden error, no lost rollout
     accepted = [m["replay/accepted"] for m in metrics]
     assert accepted[0] == 0 and sum(accepted) > 0  # TAU=10 accepts every scanned group
     hf_model = checkpoints / "global_step_5" / "actor" / "huggingface"
@@ -534,6 +536,8 @@ def test_tiny_headroom_drift_recipe_runs_every_stage_through_a_crash(tmp_path) -
 
 @pytest.mark.e2e
 def test_tiny_elite_recipe_runs_every_stage(tmp_path) -> None:
+    from clean_run import check_clean_run
+
     run = run_recipe("elite_replay_qwen4b.sh", _tiny_env(tmp_path), timeout=1200)
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     project = tmp_path / "out" / "elite_replay_sql"
@@ -543,6 +547,7 @@ def test_tiny_elite_recipe_runs_every_stage(tmp_path) -> None:
     assert all(override in run.command("train") for override in TINY_SPLIT)
     run_dir = project / "elite_q4x4"
     metrics = _metrics(run_dir)
+    check_clean_run(run_dir)  # no hidden error, no lost rollout
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:  # every global step carried ELITE_BATCH_SIZE=4 archive entries into the NLL term
         assert m["data"]["replay/elite/examples"] == 4 and m["data"]["replay/elite/archive_entries"] >= 1

@@ -50,6 +50,14 @@ def test_plain_grpo_shows_score_losses_length_and_time():
     assert ("trunc", 0.0) in fields
 
 
+def test_lost_and_padded_rollouts_show_only_when_a_step_had_them():
+    clean = {**STEP, "rollout/expected": 16, "rollout/lost": 0, "rollout/padding_rows": 0}
+    labels = [label for label, _ in step_fields(clean, ReplayConfig.from_mapping(None))]
+    assert "lost" not in labels and "padded" not in labels
+    fields = dict(step_fields({**clean, "rollout/lost": 1, "rollout/padding_rows": 1}, ReplayConfig.from_mapping(None)))
+    assert fields["lost"] == "1/16" and fields["padded"] == 1
+
+
 def test_replay_summary_follows_the_strategy():
     data = {**STEP, **REPLAY}
     hd = dict(step_fields(data, ReplayConfig.from_mapping({"strategy": "headroom_drift", "k_rep": 4})))

@@ -72,9 +72,15 @@ ELITE_FIELDS: tuple[tuple[str, str], ...] = (
 
 def step_fields(data: Mapping[str, Any], replay: ReplayConfig, *, split: bool = False) -> list[tuple[str, Any]]:
     """The (label, value) pairs of one step's compact line: score, pg loss, grad norm, response
-    length, truncation rate, the fresh rows' staleness (``split``: split placement), the replay
-    summary of the run's strategy (with the drift floor next to tau), and the step time."""
+    length, truncation rate, rollouts lost / padding rows (when any), the fresh rows' staleness
+    (``split``: split placement), the replay summary of the run's strategy (with the drift floor
+    next to tau), and the step time."""
     fields = [(label, data[key]) for label, key in CORE_FIELDS if key in data]
+    # rollouts the step lost (its score covers fewer) or padded: shown only when it happened
+    if data.get("rollout/lost"):
+        fields.append(("lost", f"{int(data['rollout/lost'])}/{int(data.get('rollout/expected', 0))}"))
+    if data.get("rollout/padding_rows"):
+        fields.append(("padded", int(data["rollout/padding_rows"])))
     if split and STALENESS_FIELD[1] in data:
         fields.append((STALENESS_FIELD[0], data[STALENESS_FIELD[1]]))
     if replay.uses_group_buffer and "replay/accepted" in data:

@@ -69,6 +69,19 @@ def is_fresh(tag: Mapping[str, Any]) -> bool:
     return not tag.get("is_padding", False) and tag.get(REPLAY_SOURCE_FIELD, SOURCE_FRESH) == SOURCE_FRESH
 
 
+def rollout_counts(tags: Sequence[Mapping[str, Any]], expected: int) -> dict[str, int]:
+    """A step's fresh rollouts: ``expected`` (prompts x responses per prompt), ``lost`` (expected but
+    not in the update: verl's agent loop drops a rollout whose post-processing fails) and
+    ``padding_rows`` (synthetic rows verl or the mini-batch plan added, which carry no gradient)."""
+    fresh = sum(1 for tag in tags if is_fresh(tag))
+    padding = sum(1 for tag in tags if tag.get("is_padding", False))
+    return {
+        "rollout/expected": int(expected),
+        "rollout/lost": max(0, int(expected) - fresh),
+        "rollout/padding_rows": padding,
+    }
+
+
 def tensor_bytes(value: Any) -> bytes:
     """The raw bytes of a tensor: a cheap, exact sort key for token sequences."""
     return torch.as_tensor(value).contiguous().numpy().tobytes()

@@ -55,6 +55,7 @@ from verl_replay.integrations.verl.rows import (
     SOURCE_FRESH,
     SOURCE_GROUP_REPLAY,
     is_fresh,
+    rollout_counts,
     split_rows,
     tensor_bytes,
 )
@@ -282,7 +283,9 @@ class ReplayTrainerMixin:
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         if not self._replay_active:
-            return super().step(metrics, timing_raw)
+            batch = super().step(metrics, timing_raw)
+            metrics.update(self._rollout_counts(batch))
+            return batch
         self._hold_checkpoints_until_logged()
         if self._held_save_seconds:
             # the held save ran after the previous step's line: its time is reported with this step, as
@@ -307,10 +310,16 @@ class ReplayTrainerMixin:
                 end_step_seconds=self._totals.replay_seconds - before,
             )
         )
+        metrics.update(self._rollout_counts(batch))
         warning = self._floor_watch.update(metrics) if self._floor_watch is not None else None
         if warning:
             logger.warning(warning)
         return batch
+
+    def _rollout_counts(self, batch: KVBatchMeta) -> dict[str, int]:
+        """Fresh rollouts expected, lost and padded this step (every round of it)."""
+        expected = int(self.config.data.train_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
+        return rollout_counts(batch.tags, expected)
 
     def _begin_replay_step(self) -> None:
         context = StepContext(
