@@ -3,8 +3,8 @@
 verl's agent loop logs a rollout whose post-processing fails (``ERROR ... Traceback``) and goes on
 without it; its trainer then pads the batch with a synthetic row. The console showed nothing of
 it, so every successful e2e run is checked here, on its own files: no ``ERROR`` or ``Traceback``
-in ``verl.log``, every training step's ``rollout/lost`` is 0 and, for verl's own GRPO
-(``replay.strategy=none``, no mini-batch plan of ours), no padding row.
+in ``verl.log``, every training step's ``rollout/lost`` is 0 and its padding rows are those the
+replay mini-batch plan asked for (none for verl's own GRPO, ``replay.strategy=none``).
 """
 
 from __future__ import annotations
@@ -35,8 +35,13 @@ def check_clean_run(run_dir: Path) -> None:
     assert steps, f"{run_dir}/metrics.jsonl: no training step"
     lost = {r["step"]: r["data"].get("rollout/lost") for r in steps if r["data"].get("rollout/lost") != 0}
     assert not lost, f"{run_dir}: rollouts lost per step (None: not counted): {lost}"
+    # padding beyond what the replay mini-batch plan asked for makes up for a lost rollout
+    unplanned = {
+        r["step"]: (r["data"]["rollout/padding_rows"], r["data"]["rollout/planned_padding_rows"])
+        for r in steps
+        if r["data"]["rollout/padding_rows"] != r["data"]["rollout/planned_padding_rows"]
+    }
+    assert not unplanned, f"{run_dir}: (padding rows, planned) per step: {unplanned}"
     strategy = (yaml.safe_load((run_dir / "config.yaml").read_text()).get("replay") or {}).get("strategy")
-    if strategy == "none":
-        padded = {r["step"]: r["data"]["rollout/padding_rows"] for r in steps if r["data"]["rollout/padding_rows"]}
-        assert not padded, f"{run_dir}: synthetic padding rows per step: {padded}"
+    if strategy == "none":  # verl's own GRPO plans no padding
         assert "synthetic padding" not in log, f"{run_dir}/verl.log: verl padded a batch"

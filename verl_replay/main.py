@@ -47,7 +47,17 @@ from verl_replay.input_checks import (
     check_sql_databases,
     check_tokenizer,
 )
-from verl_replay.runs import CONFIG_FILE, LOG_FILE, METRICS_FILE, RunDir, open_run_dir, run_dir_name
+from verl_replay.runs import (
+    CONFIG_FILE,
+    LOG_FILE,
+    METRICS_FILE,
+    RunDir,
+    RunDirBusy,
+    holds_content,
+    lock_run_dir,
+    open_run_dir,
+    run_dir_name,
+)
 
 TINY_ASSET_RESOLVER = "tiny_asset"
 REQUIRED_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path")
@@ -221,6 +231,104 @@ def check_required(config: DictConfig) -> None:
         raise StartupError(f"these settings are required and have no value: {', '.join(missing)}")
 
 
+def explicit_run_dir(config: DictConfig) -> Optional[Path]:
+    return Path(str(config.run_dir)).expanduser().absolute() if config.get("run_dir") else None
+
+
+def lock_existing_run_dir(config: DictConfig) -> None:
+    """An existing ``run_dir`` is locked first: a second run on it is refused in seconds, before
+    it builds, checks or writes anything (a new folder is locked as it is created)."""
+    path = explicit_run_dir(config)
+    if path is None or not path.is_dir():
+        return
+    try:
+        lock_run_dir(path)
+    except RunDirBusy as error:
+        raise StartupError(str(error)) from None
+    except OSError as error:
+        raise StartupError(f"run_dir: cannot lock {path} ({error.strerror}); choose a writable run_dir") from None
+
+
+def _unwritable(path: Path) -> Optional[str]:
+    """Why no run folder can be made at ``path`` (None: it can). Probes with a folder it removes."""
+    try:
+        if path.exists() and not path.is_dir():
+            return "is a file, not a folder"
+        existing = path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            return f"lies under {existing}, which is a file"
+        probe = tempfile.mkdtemp(prefix=".verl_replay-probe-", dir=existing)
+        os.rmdir(probe)
+    except OSError as error:
+        where = error.filename or path
+        return f"cannot be written ({where}: {error.strerror})"
+    return None
+
+
+def check_output_location(config: DictConfig, probe: DictConfig) -> None:
+    """``run_dir`` or ``output_root`` must be a folder this process can write, checked before Ray."""
+    explicit = explicit_run_dir(config)
+    if explicit is not None:
+        key, path = "run_dir", explicit
+    else:
+        key, path = "output_root", Path(str(probe.output_root)).expanduser().absolute()
+    problem = _unwritable(path)
+    if problem:
+        raise StartupError(f"{key}: {path} {problem}; set {key}= to a writable folder")
+
+
+def check_resume(config: DictConfig, probe: DictConfig, replay_config: ReplayConfig) -> None:
+    """What the trainer checks when it loads the checkpoint of a resumed run, checked here, before
+    Ray starts and before anything in the run dir changes: the replay settings that decide what is
+    replayed, the trainer mode and the replay state's presence."""
+    from verl_replay.integrations.verl.replay_state import ReplayStateError, changed_settings, decision_settings
+
+    run_dir = explicit_run_dir(config)
+    if (
+        run_dir is None
+        or not holds_content(run_dir)
+        or not (replay_config.uses_group_buffer or replay_config.uses_elite)
+    ):
+        return
+    trainer = probe.trainer
+    if trainer.resume_mode == "disable":
+        return
+    if trainer.resume_mode == "resume_path":
+        checkpoint = Path(str(trainer.resume_from_path))
+    else:
+        tracker = Path(str(trainer.default_local_dir)) / "latest_checkpointed_iteration.txt"
+        if not tracker.is_file():
+            return  # nothing to resume from: the run starts at step 1 in the same folder
+        checkpoint = Path(str(trainer.default_local_dir)) / f"global_step_{int(tracker.read_text().strip())}"
+    mode = str(probe.trainer.v1.trainer_mode)
+    anchor = ("old_log_probs" if mode == "sync" else "rollout_log_probs") if replay_config.uses_group_buffer else None
+    new_run = "or start a new run (another run_dir, or none for a new folder)"
+    try:
+        changed = changed_settings(
+            checkpoint / "replay",
+            identity={"trainer_mode": mode, "anchor_field": anchor},
+            settings=decision_settings(replay_config),
+        )
+    except ReplayStateError as error:
+        raise StartupError(f"run_dir {run_dir} cannot be resumed: {error}; {new_run}") from None
+    if changed is None:
+        if not replay_config.allow_missing_state:
+            raise StartupError(
+                f"run_dir {run_dir} resumes from {checkpoint}, which holds no replay state (buffer, sampler): "
+                f"replay would restart empty; set replay.allow_missing_state=true to accept that, {new_run}"
+            )
+        return
+    if changed:
+        was = ", ".join(f"{key}={saved} (now {now})" for key, saved, now in changed)
+        keep = " ".join(f"{key}={saved}" for key, saved, _ in changed)
+        raise StartupError(
+            f"run_dir {run_dir} resumes a run saved with {was}: these decide what is replayed, so a resumed run "
+            f"keeps them; resume with {keep}, {new_run}"
+        )
+
+
 def planned_run_dir(config: DictConfig, now: datetime) -> Path:
     """The folder this run will use; a new one is only created after every check passed."""
     if config.get("run_dir"):
@@ -285,9 +393,12 @@ def run(config: DictConfig) -> int:
     try:
         if startup_log is not None:
             out.redirect_to(startup_log)
+        lock_existing_run_dir(config)
         replay_config, probe = startup_checks(config, datetime.now())
         if probe.get("dry_run", False):
             return dry_run_report(probe, replay_config)
+        check_output_location(config, probe)
+        check_resume(config, probe, replay_config)
         run_dir = claim_run_dir(config)
         if startup_log is not None:
             out.redirect_to(run_dir.path / LOG_FILE, carry_over=[startup_log])
@@ -327,7 +438,7 @@ def claim_run_dir(config: DictConfig) -> RunDir:
     root = Path(str(config.output_root)) / str(config.trainer.project_name)
     try:
         return open_run_dir(explicit, root, str(config.trainer.experiment_name))
-    except (FileExistsError, PermissionError) as error:
+    except (FileExistsError, PermissionError, RunDirBusy) as error:
         raise StartupError(str(error)) from None
 
 

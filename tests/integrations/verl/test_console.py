@@ -51,10 +51,11 @@ def test_plain_grpo_shows_score_losses_length_and_time():
 
 
 def test_lost_and_padded_rollouts_show_only_when_a_step_had_them():
-    clean = {**STEP, "rollout/expected": 16, "rollout/lost": 0, "rollout/padding_rows": 0}
+    clean = {**STEP, "rollout/expected": 16, "rollout/lost": 0, "rollout/padding_rows": 4}
+    clean["rollout/planned_padding_rows"] = 4  # the replay mini-batch plan's own padding is not news
     labels = [label for label, _ in step_fields(clean, ReplayConfig.from_mapping(None))]
     assert "lost" not in labels and "padded" not in labels
-    fields = dict(step_fields({**clean, "rollout/lost": 1, "rollout/padding_rows": 1}, ReplayConfig.from_mapping(None)))
+    fields = dict(step_fields({**clean, "rollout/lost": 1, "rollout/padding_rows": 5}, ReplayConfig.from_mapping(None)))
     assert fields["lost"] == "1/16" and fields["padded"] == 1
 
 

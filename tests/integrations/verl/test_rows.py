@@ -202,5 +202,7 @@ def test_rollout_counts_tell_lost_fresh_rows_from_padding_and_replay():
         "rollout/expected": 16,
         "rollout/lost": 1,
         "rollout/padding_rows": 1,
+        "rollout/planned_padding_rows": 0,
     }
+    assert rollout_counts(fresh + padding, expected=16, planned_padding=1)["rollout/planned_padding_rows"] == 1
     assert rollout_counts([{} for _ in range(16)], expected=16)["rollout/lost"] == 0

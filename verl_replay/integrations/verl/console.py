@@ -79,8 +79,9 @@ def step_fields(data: Mapping[str, Any], replay: ReplayConfig, *, split: bool = 
     # rollouts the step lost (its score covers fewer) or padded: shown only when it happened
     if data.get("rollout/lost"):
         fields.append(("lost", f"{int(data['rollout/lost'])}/{int(data.get('rollout/expected', 0))}"))
-    if data.get("rollout/padding_rows"):
-        fields.append(("padded", int(data["rollout/padding_rows"])))
+    unplanned = int(data.get("rollout/padding_rows", 0)) - int(data.get("rollout/planned_padding_rows", 0))
+    if unplanned > 0:  # rows verl padded beyond the replay mini-batch plan's: made up for lost rollouts
+        fields.append(("padded", unplanned))
     if split and STALENESS_FIELD[1] in data:
         fields.append((STALENESS_FIELD[0], data[STALENESS_FIELD[1]]))
     if replay.uses_group_buffer and "replay/accepted" in data:

@@ -69,16 +69,18 @@ def is_fresh(tag: Mapping[str, Any]) -> bool:
     return not tag.get("is_padding", False) and tag.get(REPLAY_SOURCE_FIELD, SOURCE_FRESH) == SOURCE_FRESH
 
 
-def rollout_counts(tags: Sequence[Mapping[str, Any]], expected: int) -> dict[str, int]:
+def rollout_counts(tags: Sequence[Mapping[str, Any]], expected: int, planned_padding: int = 0) -> dict[str, int]:
     """A step's fresh rollouts: ``expected`` (prompts x responses per prompt), ``lost`` (expected but
-    not in the update: verl's agent loop drops a rollout whose post-processing fails) and
-    ``padding_rows`` (synthetic rows verl or the mini-batch plan added, which carry no gradient)."""
+    not in the update: verl's agent loop drops a rollout whose post-processing fails), the synthetic
+    ``padding_rows`` of the update (they carry no gradient) and, of those, the ones the replay
+    mini-batch plan asked for (``planned_padding_rows``); verl pads the rest to make up for lost rows."""
     fresh = sum(1 for tag in tags if is_fresh(tag))
     padding = sum(1 for tag in tags if tag.get("is_padding", False))
     return {
         "rollout/expected": int(expected),
         "rollout/lost": max(0, int(expected) - fresh),
         "rollout/padding_rows": padding,
+        "rollout/planned_padding_rows": int(planned_padding),
     }
 
 

@@ -130,6 +130,7 @@ class ReplayTrainerMixin:
         self.elite_replay = None  # built with the tokenizer, before any worker starts
         self._mini_batch_groups: Optional[int] = None
         self._padded_rows = 0
+        self._planned_padding = 0  # padding rows the mini-batch plans of this step's rounds asked for
         self._totals = _StepTotals()
         self._row_template: Optional[dict[str, Any]] = None  # a fresh row of this global step
         self._held_checkpoint: Optional[int] = None  # the global step whose save waits for its metrics line
@@ -283,6 +284,7 @@ class ReplayTrainerMixin:
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         if not self._replay_active:
+            self._planned_padding = 0
             batch = super().step(metrics, timing_raw)
             metrics.update(self._rollout_counts(batch))
             return batch
@@ -294,6 +296,7 @@ class ReplayTrainerMixin:
                 timing_raw[name] = timing_raw.get(name, 0.0) + self._held_save_seconds
             self._held_save_seconds = 0.0
         self._totals = _StepTotals()
+        self._planned_padding = 0
         batch = super().step(metrics, timing_raw)
         # verl's aggregator has merged the rounds' metrics by now; replay's are totals of the step.
         for key in [k for k in metrics if k.startswith(LOSS_METRIC_PREFIX)]:
@@ -319,7 +322,7 @@ class ReplayTrainerMixin:
     def _rollout_counts(self, batch: KVBatchMeta) -> dict[str, int]:
         """Fresh rollouts expected, lost and padded this step (every round of it)."""
         expected = int(self.config.data.train_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
-        return rollout_counts(batch.tags, expected)
+        return rollout_counts(batch.tags, expected, planned_padding=self._planned_padding)
 
     def _begin_replay_step(self) -> None:
         context = StepContext(
@@ -354,6 +357,7 @@ class ReplayTrainerMixin:
         )
         self._mini_batch_groups = plan.groups_per_mini_batch
         self._padded_rows = plan.padded_groups * plan.rows_per_group
+        self._planned_padding += plan.padding_rows
         # verl's worker runs every mini-batch once per PPO epoch, one optimiser step each
         self._totals.optimizer_steps += plan.num_mini_batches * int(self.config.actor_rollout_ref.actor.ppo_epochs)
         for tag in batch.tags:
