@@ -251,29 +251,30 @@ def lock_existing_run_dir(config: DictConfig) -> None:
 
 def _unwritable(path: Path) -> Optional[str]:
     """Why no run folder can be made at ``path`` (None: it can). Probes with a folder it removes."""
+    existing = path
     try:
         if path.exists() and not path.is_dir():
             return "is a file, not a folder"
-        existing = path
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
         if not existing.is_dir():
             return f"lies under {existing}, which is a file"
-        probe = tempfile.mkdtemp(prefix=".verl_replay-probe-", dir=existing)
-        os.rmdir(probe)
+        os.rmdir(tempfile.mkdtemp(prefix=".verl_replay-probe-", dir=existing))
     except OSError as error:
-        where = error.filename or path
-        return f"cannot be written ({where}: {error.strerror})"
+        return f"cannot be written ({existing}: {error.strerror})"
     return None
 
 
-def check_output_location(config: DictConfig, probe: DictConfig) -> None:
-    """``run_dir`` or ``output_root`` must be a folder this process can write, checked before Ray."""
+def check_output_location(config: DictConfig) -> None:
+    """``run_dir`` or ``output_root`` must be a folder this process can write: checked first, before
+    the other checks and Ray (a dry run skips it: its paths may name another machine)."""
+    if config.get("dry_run", False):
+        return
     explicit = explicit_run_dir(config)
     if explicit is not None:
         key, path = "run_dir", explicit
     else:
-        key, path = "output_root", Path(str(probe.output_root)).expanduser().absolute()
+        key, path = "output_root", Path(str(config.output_root)).expanduser().absolute()
     problem = _unwritable(path)
     if problem:
         raise StartupError(f"{key}: {path} {problem}; set {key}= to a writable folder")
@@ -393,11 +394,11 @@ def run(config: DictConfig) -> int:
     try:
         if startup_log is not None:
             out.redirect_to(startup_log)
+        check_output_location(config)
         lock_existing_run_dir(config)
         replay_config, probe = startup_checks(config, datetime.now())
         if probe.get("dry_run", False):
             return dry_run_report(probe, replay_config)
-        check_output_location(config, probe)
         check_resume(config, probe, replay_config)
         run_dir = claim_run_dir(config)
         if startup_log is not None:
