@@ -38,7 +38,11 @@ if is_true "$TINY"; then
   : "${TRAIN_FILES:=$TINY_SQL_TRAIN}"
   : "${VAL_FILES:=$TINY_SQL_VAL}"
   : "${EVAL_FILES:=$TINY_SQL_VAL}"
-  if [[ -z "${OUTPUT_DIR:-}" ]]; then OUTPUT_DIR="$(mktemp -d "${TMPDIR:-/tmp}/verl_replay_tiny_elite.XXXXXX")"; fi
+  # a folder of its own under ./outputs for every TINY run (its run dir is printed at the end)
+  if [[ -z "${OUTPUT_DIR:-}" ]]; then
+    mkdir -p "$PWD/outputs"
+    OUTPUT_DIR="$(mktemp -d "$PWD/outputs/tiny_elite-$(date +%Y%m%d-%H%M%S)-XXXX")"
+  fi
 else
   : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
   : "${DATA_DIR:=$HOME/data/verl_replay}"
@@ -210,4 +214,8 @@ if stage_on eval; then
   if is_true "$DRY_RUN"; then show_stage eval "${EVAL_CMD[@]}"; else run_stage eval "${EVAL_CMD[@]}"; fi
 fi
 
-log "done (stages: $STAGES). run dir: $RUN_DIR"
+if is_true "$DRY_RUN"; then
+  log "dry run: nothing was run (stages: $STAGES). run dir would be: $RUN_DIR"
+else
+  log "done (stages: $STAGES). run dir: $RUN_DIR"
+fi

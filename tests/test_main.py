@@ -170,10 +170,27 @@ def test_a_misspelled_replay_key_gets_a_did_you_mean_either_way(tmp_path, overri
     assert len(result.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
 
 
-def test_an_override_hydra_refuses_is_a_setting_error_too(tmp_path):
-    result, _ = run_cli(tmp_path, "trainer.total_training_stepz=2")
-    assert result.returncode == 2 and "Could not override 'trainer.total_training_stepz'" in result.stderr
+def test_a_misspelled_verl_key_gets_a_did_you_mean_not_hydras_plus(tmp_path):
+    result, _ = run_cli(tmp_path, "trainer.total_training_stepz=2", "actor_rollout_ref.actr.optim.lr=1")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "verl_replay: unknown setting trainer.total_training_stepz (did you mean trainer.total_training_steps?)"
+    ]
+    result, _ = run_cli(tmp_path, "actor_rollout_ref.actr.optim.lr=1")
+    assert result.stderr.splitlines() == [
+        "verl_replay: unknown setting actor_rollout_ref.actr.optim.lr (did you mean actor_rollout_ref.actor?)"
+    ]
+    # another override Hydra refuses keeps Hydra's own message (exit 2 all the same)
+    result, _ = run_cli(tmp_path, "trainer.total_training_steps=[")
+    assert result.returncode == 2 and "no viable alternative at input" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_tiny_task_lists_the_valid_ones(tmp_path):
+    result, _ = run_cli(tmp_path, "tiny_task=sqll")
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "verl_replay: tiny_task=sqll is not a tiny task; use one of: math, sql"
+    ]
 
 
 # A stand-in for verl's loop: prints and warns like verl and its workers, writes metrics the way

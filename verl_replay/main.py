@@ -21,9 +21,12 @@ Exit codes: 0 done; 1 the training failed (reason on the last line, details in `
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import importlib.util
+import io
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -72,6 +75,7 @@ class StartupError(Exception):
 
 _CONSOLE: Optional[Console] = None
 _COMPOSED = False  # Hydra composed the config and called main()
+_REAL_STDERR: Optional[Any] = None  # sys.stderr while Hydra composes (its errors are held until then)
 
 
 def console() -> Console:
@@ -348,6 +352,15 @@ def check_replay_settings(config: DictConfig, replay_config: ReplayConfig) -> No
         raise StartupError(str(error)) from None
 
 
+def check_tiny_task(config: DictConfig) -> None:
+    """``tiny_task`` (platform=cpu_tiny) names one of the tiny tasks; the config picks its files by it."""
+    task = config.get("tiny_task")
+    lengths = config.get("tiny_response_length")
+    if task is None or not isinstance(lengths, DictConfig) or task in lengths:
+        return
+    raise StartupError(f"tiny_task={task} is not a tiny task; use one of: {', '.join(str(k) for k in lengths)}")
+
+
 def startup_checks(config: DictConfig, now: datetime) -> tuple[ReplayConfig, DictConfig]:
     """Every check that needs no Ray, on a resolved copy of the config (the probe).
 
@@ -361,6 +374,7 @@ def startup_checks(config: DictConfig, now: datetime) -> tuple[ReplayConfig, Dic
         replay_config = ReplayConfig.from_mapping(probe.get("replay"))
     except ReplayConfigError as error:
         raise StartupError(f"invalid config: {error}") from None
+    check_tiny_task(probe)
     try:
         OmegaConf.resolve(probe)  # tiny assets are built here, in the driver, once
     except OmegaConfBaseException as error:
@@ -611,6 +625,7 @@ def _as_list(value: Any) -> list[str]:
 def main(config: DictConfig) -> None:
     global _COMPOSED
     _COMPOSED = True
+    _release_stderr()
     code = run(config)
     if code != EXIT_OK:
         raise SystemExit(code)
@@ -642,13 +657,76 @@ def cli(argv: Optional[list[str]] = None) -> None:
         args.append(searchpath)
     sys.argv[1:] = args
     register_resolvers()
+    # Hydra reports an override it cannot apply on stderr before main() runs: held until we know
+    # whether it is a misspelled key (then our one line replaces its advice to add the key with +)
+    global _REAL_STDERR
+    _REAL_STDERR, sys.stderr = sys.stderr, io.StringIO()
     try:
         main()
     except SystemExit as exit_:
         # Hydra exits 1 after printing why an override cannot apply: a setting error, like ours
         if not _COMPOSED and exit_.code not in (0, None):
+            message = unknown_key_message(_release_stderr(forward=False), args)
+            if message is not None:
+                console().error(f"verl_replay: {message}")
             raise SystemExit(EXIT_USAGE) from None
         raise
+    finally:
+        _release_stderr()
+
+
+def _release_stderr(*, forward: bool = True) -> str:
+    """Point sys.stderr back at the real stream; returns what was held (and passes it on)."""
+    global _REAL_STDERR
+    if _REAL_STDERR is None:
+        return ""
+    held, sys.stderr, _REAL_STDERR = sys.stderr, _REAL_STDERR, None
+    text = held.getvalue() if isinstance(held, io.StringIO) else ""
+    if forward or unknown_key_message(text, []) is None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    return text
+
+
+_NOT_OVERRIDABLE = re.compile(r"Could not override '(?P<key>[^']+)'")
+_FULL_KEY = re.compile(r"full_key: (?P<key>\S+)")
+
+
+def unknown_key_message(hydra_error: str, args: list[str]) -> Optional[str]:
+    """Our line for Hydra's "Could not override 'a.b'" (a key the config does not have): the
+    closest existing key at the level that went wrong; None for any other Hydra error."""
+    match = _NOT_OVERRIDABLE.search(hydra_error)
+    if match is None or "is not in struct" not in hydra_error:
+        return None
+    key = match["key"]
+    missing = _FULL_KEY.search(hydra_error)
+    missing_key = missing["key"] if missing else key  # the first part of the path that does not exist
+    parent, _, leaf = missing_key.rpartition(".")
+    others = [arg for arg in args if not arg.lstrip("+~").startswith(f"{key}=")]
+    node = _composed_node(others, parent)
+    siblings = [str(name) for name in node] if node is not None else []
+    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
+    where = f" under {parent}" if parent else ""
+    if close:
+        hint = f"did you mean {'.'.join(filter(None, (parent, close[0])))}?"
+    else:
+        hint = f"no setting{where} is close; dry_run=true prints every setting"
+    return f"unknown setting {key} ({hint})"
+
+
+def _composed_node(overrides: list[str], dotted: str) -> Optional[DictConfig]:
+    """The node ``dotted`` of the composed config (with the other overrides, else without any)."""
+    from hydra import compose, initialize_config_dir
+
+    for attempt in (overrides, [arg for arg in overrides if arg.startswith("hydra.searchpath")]):
+        try:
+            with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+                config = compose(config_name="replay_trainer", overrides=attempt)
+        except Exception:  # noqa: BLE001 - only a suggestion: any failure leaves it out
+            continue
+        node = OmegaConf.select(config, dotted) if dotted else config
+        return node if isinstance(node, DictConfig) else None
+    return None
 
 
 if __name__ == "__main__":

@@ -344,7 +344,8 @@ def load_frozen_archive(
         raise ArchiveIntegrityError(
             f"{path}: content hash mismatch -- manifest {manifest_path(path).name} says sha256 {expected}, "
             f"the file ({len(data)} bytes) has sha256 {actual}; the file is corrupted, truncated or was "
-            f"replaced without its manifest. Re-freeze the archive."
+            f"replaced without its manifest. Restore the file with its manifest, or build the archive again: "
+            f"python -m verl_replay.elite.search ... --out {path} (--tiny for the tiny task)"
         )
     built_fp = man.get("tokenizer_fingerprint")
     if expected_tokenizer_fingerprint is not None and built_fp != expected_tokenizer_fingerprint:
