@@ -192,10 +192,30 @@ def check_verl_config(config: DictConfig) -> None:
         raise StartupError(f"verl refuses the config: {_first_line(error)}") from None
 
 
+def check_archive_task(config: DictConfig, archive: str) -> None:
+    """A tiny run (``tiny_task``) with an archive of the other tiny task: the fix is the task, not a
+    new archive. The archive's manifest records its domain (sql / math)."""
+    import json
+
+    from verl_replay.elite.archive_io import manifest_path
+
+    task = OmegaConf.select(config, "tiny_task")
+    try:
+        domain = json.loads(manifest_path(archive).read_text(encoding="utf-8")).get("domain")
+    except (OSError, ValueError):
+        return  # the archive's own checks report an unreadable manifest
+    if task and domain and domain != task:
+        raise StartupError(
+            f"replay.elite.archive: {archive} is a {domain} archive and this run trains tiny_task={task}; "
+            f"add tiny_task={domain} (or give an archive built for the {task} task)"
+        )
+
+
 def preflight_elite_archive(config: DictConfig, replay_config: ReplayConfig, tokenizer: Any = None) -> None:
     from verl_replay.integrations.verl.elite_replay import preflight_archive
 
     check_archive_file("replay.elite.archive", replay_config.elite.archive)
+    check_archive_task(config, replay_config.elite.archive)
     if tokenizer is None:
         from transformers import AutoTokenizer
 
