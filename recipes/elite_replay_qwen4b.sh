@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# EliteReplay on text-to-SQL with Qwen3.5-4B (SPEC section 4; recipes/README.md has the details).
+# EliteReplay on text-to-SQL with Qwen3.5-4B.
 #
 #   bash recipes/elite_replay_qwen4b.sh [hydra overrides for the training command ...]
 #
@@ -59,7 +59,7 @@ absolute_paths OUTPUT_DIR TRAIN_FILES VAL_FILES EVAL_FILES
 absolute_model MODEL_PATH
 : "${PROJECT:=elite_replay_sql}"
 
-# ------------------------------------------------------------------ training sizes (SPEC 4)
+# ------------------------------------------------------------------ training sizes
 : "${TOTAL_STEPS:=$(pick 100 3)}"
 : "${TRAIN_PROMPTS:=$(pick 128 4)}"           # questions per global step
 : "${GROUP_SIZE:=$(pick 8 4)}"                # GRPO responses per question

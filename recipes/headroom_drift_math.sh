@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# GRPO + Headroom-Drift Replay on math with Qwen3.5-4B, "b256 + r128" (SPEC section 4;
-# recipes/README.md has the details).
+# GRPO + Headroom-Drift Replay on math with Qwen3.5-4B, "b256 + r128".
 #
 #   bash recipes/headroom_drift_math.sh [hydra overrides for the training command ...]
 #
@@ -60,7 +59,7 @@ absolute_paths OUTPUT_DIR TRAIN_FILES VAL_FILES EVAL_FILES
 absolute_model MODEL_PATH
 : "${PROJECT:=headroom_drift_math}"
 
-# ------------------------------------------------------------------ training sizes (SPEC 4)
+# ------------------------------------------------------------------ training sizes
 : "${TOTAL_STEPS:=$(pick 500 3)}"
 # TINY=1 keeps the full recipe's shape: 2 update rounds per global step.
 : "${TRAIN_PROMPTS:=$(pick 32 4)}"            # fresh prompts per global step (x GROUP_SIZE = b256)

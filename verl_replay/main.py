@@ -363,7 +363,7 @@ def planned_run_dir(config: DictConfig, now: datetime) -> Path:
 
 
 def check_replay_settings(config: DictConfig, replay_config: ReplayConfig) -> None:
-    """verl settings that would mix replayed rows into the fresh rows' numbers (SPEC 1.7)."""
+    """verl settings that would mix replayed rows into the fresh rows' numbers."""
     from verl_replay.integrations.verl.guards import ReplayIncompatibleSetting, check_replay_compatible
 
     try:

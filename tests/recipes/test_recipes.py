@@ -2,7 +2,7 @@
 
 * ``DRY_RUN=1``: every recipe and baseline runs its real training command with ``dry_run=true``
   (Hydra composes, verl_replay validates, the resolved config is printed) and prints its search /
-  evaluation commands. The tests parse the printed YAML and check SPEC section 4's settings.
+  evaluation commands. The tests parse the printed YAML and check the papers' settings.
   The dry runs start together (one subprocess each, ~6-9 s of verl import apiece).
 * Refusals (bad settings, missing inputs) are caught by the recipe's own checks before any
   Python starts, so they cost milliseconds.
@@ -258,7 +258,7 @@ def test_headroom_drift_recipe_composes_b256_plus_r128(dry, inputs) -> None:
     data, arr, replay = config["data"], config["actor_rollout_ref"], config["replay"]
     assert (data["train_batch_size"], arr["rollout"]["n"]) == (32, 8)  # 256 fresh responses
     rounds = config["trainer"]["v1"]["separate_async"]["parameter_sync_step"]
-    # b256 + r128 in 6 optimiser steps of 64 responses, like b384 (SPEC 1.6): 2 rounds of 16 fresh
+    # b256 + r128 in 6 optimiser steps of 64 responses, like b384: 2 rounds of 16 fresh
     # prompts + 8 replayed groups, each round 3 steps of 8 groups
     assert (rounds, arr["actor"]["ppo_mini_batch_size"], replay["ppo_mini_batch_size"]) == (2, 16, 8)
     fresh_per_round, replay_per_round = 32 // rounds, replay["k_rep"] // rounds

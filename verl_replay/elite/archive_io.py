@@ -1,4 +1,4 @@
-"""Frozen-archive file: a parquet table of elites plus a JSON manifest (SPEC 2.5).
+"""Frozen-archive file: a parquet table of elites plus a JSON manifest.
 
 Layout for ``path = "archive.parquet"``:
 
@@ -87,7 +87,7 @@ _SCHEMA = pa.schema(
 )
 COLUMNS: tuple[str, ...] = tuple(_SCHEMA.names)
 
-# what the caller must state (SPEC 2.5: base model, tokenizer; the dataset for the refusal check)
+# what the caller must state: base model, tokenizer; the dataset for the refusal check
 REQUIRED_MANIFEST_KEYS: tuple[str, ...] = ("base_model", "tokenizer_name", "tokenizer_fingerprint", "dataset")
 # what the writer computes; a caller may not set these
 WRITER_MANIFEST_KEYS: tuple[str, ...] = (

@@ -125,7 +125,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def correctness_bit(row: Mapping[str, Any]) -> bool:
-    """c_i from the reward's ``acc`` (SPEC 1.4: answer correctness, not ``score > 0``)."""
+    """c_i from the reward's ``acc`` (answer correctness, not ``score > 0``)."""
     extra = row.get("extra_fields") or {}
     info = extra.get("reward_extra_info") if isinstance(extra, Mapping) else None
     if not isinstance(info, Mapping) or "acc" not in info:
@@ -197,7 +197,7 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
     """One GRPO group (the rows of one uid, session order) as a compact ``ReplayGroup``.
 
     ``anchor_field`` names the per-token log-probs stored as l_gen: ``old_log_probs`` in
-    synchronous training, ``rollout_log_probs`` in the asynchronous modes (SPEC 1.4).
+    synchronous training, ``rollout_log_probs`` in the asynchronous modes.
     Without ``require_acc`` (ingress by non-zero advantage), a reward without ``acc`` is allowed
     and the stored correctness bits fall back to ``score > 0`` (reported, not used for ingress).
     """
@@ -301,7 +301,7 @@ def group_to_rows(group: ReplayGroup, *, uid: str, global_steps: int) -> list[di
             loss_mask=row.pop("loss_mask", mask.clone()),
             rm_scores=row.pop("rm_scores", rebuilt.rm_scores),
             # The rollout log-probs of a replayed row are its anchor: with rollout correction on,
-            # its IS weight is exactly 1 (SPEC 1.3).
+            # its IS weight is exactly 1.
             rollout_log_probs=gen.clone(),
             uid=uid,
             session_id=i,

@@ -2,7 +2,7 @@
 
 The replay streams (``streams.py``: group replay, elite replay) plug into verl's step without
 copying ``fit()`` or ``_step_once``. A global step (one weight version; ``parameter_sync_step``
-update rounds under ``separate_async``, one round in ``sync``) is the replay step (SPEC 1.6):
+update rounds under ``separate_async``, one round in ``sync``) is the replay step:
 
 - ``step`` (wraps verl's): after the last round, each stream's ``end_step`` (ingress) and the
   step's ``replay/`` metrics, added after verl's per-round metrics aggregation so counts and
@@ -207,7 +207,7 @@ class ReplayTrainerMixin:
     # ------------------------------------------------------------------ helpers
 
     def _anchor_field(self) -> str:
-        """l_gen: the trainer's old log-probs in sync mode, the rollout engine's otherwise (SPEC 1.4)."""
+        """l_gen: the trainer's old log-probs in sync mode, the rollout engine's otherwise."""
         if self.trainer_mode == "sync":
             return "old_log_probs"
         if not self.config.actor_rollout_ref.rollout.calculate_log_probs:
@@ -241,7 +241,7 @@ class ReplayTrainerMixin:
 
         ``replay.ppo_mini_batch_size`` when set: under ``separate_async`` verl ties
         ``actor.ppo_mini_batch_size`` to the round's fresh prompts, so this is how a replay run
-        keeps the optimiser-step size of its on-policy baseline (SPEC 1.6).
+        keeps the optimiser-step size of its on-policy baseline.
         """
         configured = self.replay_config.ppo_mini_batch_size
         return int(configured if configured is not None else self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
@@ -563,7 +563,7 @@ class ReplayTrainerMixin:
         return batch
 
     def _fresh_rollout_corr_metrics(self, batch: KVBatchMeta) -> dict[str, float]:
-        """verl's ``rollout_corr/*`` metrics over the fresh rows only (SPEC 1.7): replayed and elite
+        """verl's ``rollout_corr/*`` metrics over the fresh rows only: replayed and elite
         rows have IS weight 1 and no off-policy gap, so over the whole batch they dilute them."""
         corr = self.config.algorithm.get("rollout_correction", None)
         if (
