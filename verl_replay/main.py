@@ -75,7 +75,10 @@ class StartupError(Exception):
 
 _CONSOLE: Optional[Console] = None
 _COMPOSED = False  # Hydra composed the config and called main()
-_REAL_STDERR: Optional[Any] = None  # sys.stderr while Hydra composes (its errors are held until then)
+_REAL_STDERR: Optional[Any] = None
+_STARTED: Optional[float] = (
+    None  # when the command started (cli)  # sys.stderr while Hydra composes (its errors are held until then)
+)
 
 
 def console() -> Console:
@@ -517,11 +520,11 @@ def train(config: DictConfig, replay_config: ReplayConfig, run_dir: RunDir, quie
 
     out = console()
     follower = None
-    started = time.monotonic()
+    started = _STARTED if _STARTED is not None else time.monotonic()  # the done line: the run's wall time
     try:
         metrics_path = prepare_run(config, run_dir, quiet)
         announce_start(config, replay_config, run_dir, quiet)
-        follower = follow_steps(config, replay_config, metrics_path) if quiet else None
+        follower = follow_steps(config, replay_config, metrics_path, run_dir.path / LOG_FILE) if quiet else None
         _run_ppo(config)
     except KeyboardInterrupt:
         _stop(follower, out)
@@ -538,23 +541,44 @@ def train(config: DictConfig, replay_config: ReplayConfig, run_dir: RunDir, quie
     return EXIT_OK
 
 
-def follow_steps(config: DictConfig, replay_config: ReplayConfig, metrics_path: Path) -> Any:
-    """The progress bar and one console line per step, read back from verl's metrics file."""
-    from verl_replay.integrations.verl.console import DriftFloorWatch, StepFollower, step_fields
+STATUS_LINE_S = 60.0  # without a bar: a line when the first step is this long in coming, then as often
+
+
+def follow_steps(config: DictConfig, replay_config: ReplayConfig, metrics_path: Path, log_path: Path) -> Any:
+    """The progress bar and one console line per step, read back from verl's metrics file; until
+    the first step, what the run waits for (Ray, the trainer, the workers) and for how long."""
+    from verl_replay.integrations.verl.console import DriftFloorWatch, StartupWatch, StepFollower, step_fields
 
     out = console()
     total = OmegaConf.select(config, "trainer.total_training_steps")
     split = OmegaConf.select(config, "trainer.v1.trainer_mode") != "sync"
     floor = DriftFloorWatch(replay_config.tau)
+    watch = StartupWatch(log_path)
+    waiting_since = time.monotonic()
+    last_status = [waiting_since]
 
     def on_step(step: int, data: dict) -> None:
-        out.advance(step)
+        first = not follower.steps[:-1]
+        out.advance(step, step_seconds=data.get("timing_s/step") if first else None)
+        if first:
+            out.status(None)
         out.line(step_line(step, total, step_fields(data, replay_config, split=split)))
         warning = floor.update(data) if replay_config.uses_headroom_drift else None
         if warning:
             out.line(warning)
 
-    follower = StepFollower(metrics_path, on_step, on_idle=out.refresh)
+    def on_idle() -> None:
+        if not follower.steps:
+            now = time.monotonic()
+            text = f"{watch.poll()} ({_duration(now - waiting_since)})"
+            if out.has_bar:
+                out.status(text)
+            elif now - last_status[0] >= STATUS_LINE_S:
+                last_status[0] = now
+                out.line(f"verl_replay: {text} ...")
+        out.refresh()
+
+    follower = StepFollower(metrics_path, on_step, on_idle=on_idle)
     out.start_progress(total)
     follower.start()
     return follower
@@ -651,6 +675,17 @@ def main(config: DictConfig) -> None:
         raise SystemExit(code)
 
 
+def _process_started() -> float:
+    """``time.monotonic()`` at this process's start (the interpreter's start-up and imports count
+    towards the run's wall time); now, where the process table cannot tell."""
+    try:
+        import psutil
+
+        return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+    except Exception:  # noqa: BLE001 - any failure: count from here
+        return time.monotonic()
+
+
 def verl_config_searchpath() -> Optional[str]:
     """``hydra.searchpath`` naming verl's config folder as a ``file://`` path.
 
@@ -666,6 +701,8 @@ def verl_config_searchpath() -> Optional[str]:
 
 def cli(argv: Optional[list[str]] = None) -> None:
     """``python -m verl_replay.main``: refuses unknown ``replay.*`` keys before Hydra composes."""
+    global _STARTED
+    _STARTED = _process_started()
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         check_override_keys(args)
