@@ -437,3 +437,19 @@ def test_an_output_dir_no_run_can_write_is_refused_with_one_line(tmp_path, tiny_
         f"verl_replay: {message.format(file=afile)}; set {key}= to a writable folder"
     ], result.stderr
     assert list(tmp_path.iterdir()) == [] and probe.read_text() == ""  # before ray, verl or torch was imported
+
+
+def test_a_resume_without_replay_state_is_refused_unless_allowed(tmp_path, compose, tiny_assets):
+    from verl_replay.main import check_resume
+
+    run_dir = _checkpointed_run_dir(tmp_path, compose, tau=0.08)
+    (run_dir / "checkpoints" / "global_step_2" / "replay" / "replay_state.json").unlink()
+    overrides = (f"run_dir={run_dir}", "replay.strategy=headroom_drift", "replay.k_rep=2", "replay.tau=0.08")
+    config = compose(*overrides)
+    replay_config, probe = startup_checks(config, NOW)
+    with pytest.raises(StartupError, match=r"global_step_2, which holds no replay state .*allow_missing_state=true"):
+        check_resume(config, probe, replay_config)
+    allowed = compose(*overrides, "replay.allow_missing_state=true")
+    check_resume(allowed, *reversed(startup_checks(allowed, NOW)))
+    fresh = compose(*overrides, "trainer.resume_mode=disable", "replay.tau=0.5")  # not resuming: no check
+    check_resume(fresh, *reversed(startup_checks(fresh, NOW)))

@@ -675,6 +675,23 @@ def main(config: DictConfig) -> None:
         raise SystemExit(code)
 
 
+def lock_named_run_dir(args: list[str]) -> None:
+    """``run_dir=DIR`` on the command line naming an existing folder: its lock is taken before Hydra
+    composes anything, so a second run on a live run's folder is refused within seconds (the
+    composed config's run_dir is locked again, a no-op, in :func:`lock_existing_run_dir`)."""
+    for arg in args:
+        key, sep, value = arg.lstrip("+").partition("=")
+        if key == "run_dir" and sep and value and "${" not in value and value.lower() not in ("null", "none"):
+            path = Path(value.strip("'\"")).expanduser().absolute()
+            if path.is_dir():
+                try:
+                    lock_run_dir(path)
+                except RunDirBusy as error:
+                    raise StartupError(str(error)) from None
+                except OSError:
+                    return  # the composed config's checks name the problem
+
+
 def _process_started() -> float:
     """``time.monotonic()`` at this process's start (the interpreter's start-up and imports count
     towards the run's wall time); now, where the process table cannot tell."""
@@ -706,7 +723,11 @@ def cli(argv: Optional[list[str]] = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         check_override_keys(args)
+        lock_named_run_dir(args)
     except ReplayConfigError as error:
+        console().error(f"verl_replay: {error}")
+        raise SystemExit(EXIT_USAGE) from None
+    except StartupError as error:
         console().error(f"verl_replay: {error}")
         raise SystemExit(EXIT_USAGE) from None
     searchpath = verl_config_searchpath()
