@@ -214,6 +214,8 @@ FAKE_VERL = textwrap.dedent(r"""
                     data.update({"replay/accepted": 0.0, "replay/drift_fresh/p50": 0.1 * step})
                 handle.write(json.dumps({"step": step, "data": data}).encode() + b"\n")
                 time.sleep(0.7)
+                while os.environ["FAKE_MODE"] == "hold" and not os.path.exists(os.environ["FAKE_RELEASE"]):
+                    time.sleep(0.1)  # a live run, until the test lets it finish
 
     main._run_ppo = fake_run_ppo
     main.cli()
@@ -331,10 +333,11 @@ def test_a_micro_batch_wide_policy_loss_is_refused_before_ray_with_replay(tmp_pa
 def test_a_second_run_on_a_live_run_dir_is_refused_naming_its_process(tmp_path, tiny_assets):
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_FILE_LOGGER_PATH", "VERL_REPLAY_OUTPUT_DIR")}
+    release = tmp_path.parent / f"{tmp_path.name}-release"
     first = subprocess.Popen(
-        [sys.executable, "-c", FAKE_VERL, "trainer.total_training_steps=20", f"run_dir={run_dir}"],
+        [sys.executable, "-c", FAKE_VERL, "trainer.total_training_steps=4", f"run_dir={run_dir}"],
         cwd=tmp_path,
-        env={**env, "FAKE_MODE": "ok"},
+        env={**env, "FAKE_MODE": "hold", "FAKE_RELEASE": str(release)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -354,10 +357,11 @@ def test_a_second_run_on_a_live_run_dir_is_refused_naming_its_process(tmp_path, 
         ]
         assert (run_dir / "config.yaml").read_bytes() == config_before and not (run_dir / "metrics.1.jsonl").exists()
     finally:
+        release.write_text("")
         out, err = first.communicate(timeout=240)
     assert first.returncode == 0, err
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == list(range(1, 21))  # every line parses
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]  # every line parses
 
 
 def _checkpointed_run_dir(tmp_path: Path, compose, tau: float) -> Path:
