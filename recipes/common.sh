@@ -262,7 +262,7 @@ setup_rounds() {
 # replay_rounds FRESH REPLAY MINI: the update rounds of a global step that adds REPLAY replayed
 # groups to FRESH fresh prompts, with optimiser steps of MINI groups: the most rounds that split both
 # evenly and give every round whole optimiser steps (so every step holds the same share of replayed
-# rows, SPEC 1.6), if that is at least 2; else 2 rounds when both split evenly (toy scale: a round's
+# rows), if that is at least 2; else 2 rounds when both split evenly (toy scale: a round's
 # last step is then short), else 1.
 replay_rounds() {
   local fresh=$1 replay=$2 mini=$3 rounds best=0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# EliteReplay on text-to-SQL with Qwen3.5-4B (SPEC section 4; recipes/README.md has the details).
+# EliteReplay on text-to-SQL with Qwen3.5-4B.
 #
 #   bash recipes/elite_replay_qwen4b.sh [hydra overrides for the training command ...]
 #
@@ -38,7 +38,11 @@ if is_true "$TINY"; then
   : "${TRAIN_FILES:=$TINY_SQL_TRAIN}"
   : "${VAL_FILES:=$TINY_SQL_VAL}"
   : "${EVAL_FILES:=$TINY_SQL_VAL}"
-  if [[ -z "${OUTPUT_DIR:-}" ]]; then OUTPUT_DIR="$(mktemp -d "${TMPDIR:-/tmp}/verl_replay_tiny_elite.XXXXXX")"; fi
+  # a folder of its own under ./outputs for every TINY run (its run dir is printed at the end)
+  if [[ -z "${OUTPUT_DIR:-}" ]]; then
+    mkdir -p "$PWD/outputs"
+    OUTPUT_DIR="$(mktemp -d "$PWD/outputs/tiny_elite-$(date +%Y%m%d-%H%M%S)-XXXX")"
+  fi
 else
   : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
   : "${DATA_DIR:=$HOME/data/verl_replay}"
@@ -55,7 +59,7 @@ absolute_paths OUTPUT_DIR TRAIN_FILES VAL_FILES EVAL_FILES
 absolute_model MODEL_PATH
 : "${PROJECT:=elite_replay_sql}"
 
-# ------------------------------------------------------------------ training sizes (SPEC 4)
+# ------------------------------------------------------------------ training sizes
 : "${TOTAL_STEPS:=$(pick 100 3)}"
 : "${TRAIN_PROMPTS:=$(pick 128 4)}"           # questions per global step
 : "${GROUP_SIZE:=$(pick 8 4)}"                # GRPO responses per question
@@ -210,4 +214,8 @@ if stage_on eval; then
   if is_true "$DRY_RUN"; then show_stage eval "${EVAL_CMD[@]}"; else run_stage eval "${EVAL_CMD[@]}"; fi
 fi
 
-log "done (stages: $STAGES). run dir: $RUN_DIR"
+if is_true "$DRY_RUN"; then
+  log "dry run: nothing was run (stages: $STAGES). run dir would be: $RUN_DIR"
+else
+  log "done (stages: $STAGES). run dir: $RUN_DIR"
+fi

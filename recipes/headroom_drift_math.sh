@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# GRPO + Headroom-Drift Replay on math with Qwen3.5-4B, "b256 + r128" (SPEC section 4;
-# recipes/README.md has the details).
+# GRPO + Headroom-Drift Replay on math with Qwen3.5-4B, "b256 + r128".
 #
 #   bash recipes/headroom_drift_math.sh [hydra overrides for the training command ...]
 #
@@ -39,7 +38,11 @@ if is_true "$TINY"; then
   : "${TRAIN_FILES:=$TINY_MATH_TRAIN}"
   : "${VAL_FILES:=$TINY_MATH_VAL}"
   : "${EVAL_FILES:=$TINY_MATH_VAL}"
-  if [[ -z "${OUTPUT_DIR:-}" ]]; then OUTPUT_DIR="$(mktemp -d "${TMPDIR:-/tmp}/verl_replay_tiny_hd.XXXXXX")"; fi
+  # a folder of its own under ./outputs for every TINY run (its run dir is printed at the end)
+  if [[ -z "${OUTPUT_DIR:-}" ]]; then
+    mkdir -p "$PWD/outputs"
+    OUTPUT_DIR="$(mktemp -d "$PWD/outputs/tiny_hd-$(date +%Y%m%d-%H%M%S)-XXXX")"
+  fi
 else
   : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
   : "${DATA_DIR:=$HOME/data/verl_replay}"
@@ -56,7 +59,7 @@ absolute_paths OUTPUT_DIR TRAIN_FILES VAL_FILES EVAL_FILES
 absolute_model MODEL_PATH
 : "${PROJECT:=headroom_drift_math}"
 
-# ------------------------------------------------------------------ training sizes (SPEC 4)
+# ------------------------------------------------------------------ training sizes
 : "${TOTAL_STEPS:=$(pick 500 3)}"
 # TINY=1 keeps the full recipe's shape: 2 update rounds per global step.
 : "${TRAIN_PROMPTS:=$(pick 32 4)}"            # fresh prompts per global step (x GROUP_SIZE = b256)
@@ -195,4 +198,8 @@ if stage_on eval; then
   if is_true "$DRY_RUN"; then show_stage eval "${EVAL_CMD[@]}"; else run_stage eval "${EVAL_CMD[@]}"; fi
 fi
 
-log "done (stages: $STAGES). run dir: $RUN_DIR"
+if is_true "$DRY_RUN"; then
+  log "dry run: nothing was run (stages: $STAGES). run dir would be: $RUN_DIR"
+else
+  log "done (stages: $STAGES). run dir: $RUN_DIR"
+fi

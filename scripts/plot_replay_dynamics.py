@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Plot replay dynamics from a Headroom-Drift event log (SPEC 1.5).
+"""Plot replay dynamics from a Headroom-Drift event log.
 
     python scripts/plot_replay_dynamics.py --events outputs/verl_replay/RUN/replay_events.jsonl --out-dir plots/
 

@@ -101,6 +101,10 @@ def run_main(tmp_path):
         if check and result.returncode != 0:
             log = outcome.log[-6000:] if run_dir is not None and (run_dir / "verl.log").exists() else ""
             raise AssertionError(f"verl_replay.main failed ({result.returncode}):\n{outcome.output[-3000:]}\n{log}")
+        if check and run_dir is not None and (run_dir / "metrics.jsonl").exists():
+            from clean_run import check_clean_run
+
+            check_clean_run(run_dir)  # no hidden error, no lost rollout
         return outcome
 
     return run

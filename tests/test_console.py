@@ -33,6 +33,57 @@ def test_lines_and_errors_go_to_the_given_streams_without_a_bar():
     assert out.getvalue() == "step 1/3\n" and err.getvalue() == "verl_replay: failed\n"
 
 
+def _terminal():
+    """A pseudo-terminal: (what the console writes to, the bytes written so far)."""
+    import os
+
+    main, child = os.openpty()
+    os.set_blocking(main, False)
+    stream = os.fdopen(child, "w", buffering=1, encoding="utf-8")
+
+    def read() -> str:
+        chunks = []
+        while True:
+            try:
+                chunks.append(os.read(main, 65536))
+            except BlockingIOError:
+                return b"".join(chunks).decode("utf-8", "replace")
+
+    return stream, read
+
+
+def test_on_a_terminal_the_bar_and_the_lines_share_one_stream():
+    out, read = _terminal()
+    err = io.StringIO()
+    console = Console(out, err)
+    console.start_progress(3)
+    assert console.has_bar
+    console.status("starting Ray (12s)")
+    assert "starting Ray (12s)" in read()
+    console.advance(1)
+    console.line("step 1/3 | score 0.5")
+    shown = read()
+    # tqdm.write blanks the bar's row, writes the line, and redraws the bar below it: one stream
+    blank, rest = shown.split("\r", 2)[1:]
+    assert blank.strip() == "" and rest.startswith("step 1/3 | score 0.5\r\n") and "training:" in rest
+    console.close_progress()
+    assert err.getvalue() == ""  # nothing on the other stream
+
+
+def test_the_eta_counts_step_times_not_start_up():
+    import time
+
+    out, _ = _terminal()
+    console = Console(out, io.StringIO())
+    console.start_progress(4)
+    console._bar.start_t -= 300.0  # five minutes of start-up before the first step
+    before = time.time()
+    console.advance(1, step_seconds=2.0)
+    elapsed = console._bar.format_dict["elapsed"]
+    assert 2.0 <= elapsed <= 2.0 + (time.time() - before)  # the first step's own time, not start-up
+    console.close_progress()
+
+
 SCRIPT = r"""
 import os, sys, subprocess, warnings
 from pathlib import Path

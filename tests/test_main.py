@@ -170,10 +170,27 @@ def test_a_misspelled_replay_key_gets_a_did_you_mean_either_way(tmp_path, overri
     assert len(result.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
 
 
-def test_an_override_hydra_refuses_is_a_setting_error_too(tmp_path):
-    result, _ = run_cli(tmp_path, "trainer.total_training_stepz=2")
-    assert result.returncode == 2 and "Could not override 'trainer.total_training_stepz'" in result.stderr
+def test_a_misspelled_verl_key_gets_a_did_you_mean_not_hydras_plus(tmp_path):
+    result, _ = run_cli(tmp_path, "trainer.total_training_stepz=2", "actor_rollout_ref.actr.optim.lr=1")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "verl_replay: unknown setting trainer.total_training_stepz (did you mean trainer.total_training_steps?)"
+    ]
+    result, _ = run_cli(tmp_path, "actor_rollout_ref.actr.optim.lr=1")
+    assert result.stderr.splitlines() == [
+        "verl_replay: unknown setting actor_rollout_ref.actr.optim.lr (did you mean actor_rollout_ref.actor?)"
+    ]
+    # another override Hydra refuses keeps Hydra's own message (exit 2 all the same)
+    result, _ = run_cli(tmp_path, "trainer.total_training_steps=[")
+    assert result.returncode == 2 and "no viable alternative at input" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_tiny_task_lists_the_valid_ones(tmp_path):
+    result, _ = run_cli(tmp_path, "tiny_task=sqll")
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "verl_replay: tiny_task=sqll is not a tiny task; use one of: math, sql"
+    ]
 
 
 # A stand-in for verl's loop: prints and warns like verl and its workers, writes metrics the way
@@ -197,6 +214,8 @@ FAKE_VERL = textwrap.dedent(r"""
                     data.update({"replay/accepted": 0.0, "replay/drift_fresh/p50": 0.1 * step})
                 handle.write(json.dumps({"step": step, "data": data}).encode() + b"\n")
                 time.sleep(0.7)
+                while os.environ["FAKE_MODE"] == "hold" and not os.path.exists(os.environ["FAKE_RELEASE"]):
+                    time.sleep(0.1)  # a live run, until the test lets it finish
 
     main._run_ppo = fake_run_ppo
     main.cli()
@@ -306,3 +325,135 @@ def test_a_micro_batch_wide_policy_loss_is_refused_before_ray_with_replay(tmp_pa
     ), result.stderr
     assert "with replay.strategy=headroom_drift use one of: vanilla, " in lines[0]
     assert list(tmp_path.iterdir()) == []  # nothing written, Ray never started
+
+
+# ---------------------------------------------------------------------------- run dir refusals
+
+
+def test_a_second_run_on_a_live_run_dir_is_refused_naming_its_process(tmp_path, tiny_assets):
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_FILE_LOGGER_PATH", "VERL_REPLAY_OUTPUT_DIR")}
+    release = tmp_path.parent / f"{tmp_path.name}-release"
+    first = subprocess.Popen(
+        [sys.executable, "-c", FAKE_VERL, "trainer.total_training_steps=4", f"run_dir={run_dir}"],
+        cwd=tmp_path,
+        env={**env, "FAKE_MODE": "hold", "FAKE_RELEASE": str(release)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "metrics.jsonl").exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert first.poll() is None, first.communicate()
+        config_before = (run_dir / "config.yaml").read_bytes()
+        second, _ = run_cli(tmp_path, f"run_dir={run_dir}", script=IMPORT_PROBE, env={"IMPORTED_HEAVY": "/dev/null"})
+        assert first.poll() is None  # the first was still running when the second was refused
+        assert second.returncode == 2 and second.stdout == ""
+        assert second.stderr.splitlines() == [
+            f"verl_replay: run_dir {run_dir} is in use by a live run (process {first.pid}): wait for it to end "
+            "(or stop it), or give this run another run_dir"
+        ]
+        assert (run_dir / "config.yaml").read_bytes() == config_before and not (run_dir / "metrics.1.jsonl").exists()
+    finally:
+        release.write_text("")
+        out, err = first.communicate(timeout=240)
+    assert first.returncode == 0, err
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]  # every line parses
+
+
+def _checkpointed_run_dir(tmp_path: Path, compose, tau: float) -> Path:
+    """A run dir as a Headroom-Drift run leaves it after its step-2 checkpoint (replay state saved with tau)."""
+    from omegaconf import OmegaConf
+
+    from verl_replay.config import ReplayConfig
+    from verl_replay.integrations.verl.replay_state import decision_settings, write_state_manifest
+
+    run_dir = tmp_path / "run"
+    state = run_dir / "checkpoints" / "global_step_2" / "replay"
+    state.mkdir(parents=True)
+    (state / "group_buffer.pt").write_bytes(b"buffer")
+    replay = ReplayConfig.from_mapping({"strategy": "headroom_drift", "k_rep": 2, "tau": tau})
+    identity = {"trainer_mode": "sync", "anchor_field": "old_log_probs", "tokenizer_fingerprint": "f"}
+    write_state_manifest(state, step=2, identity=identity, settings=decision_settings(replay))
+    (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
+    config = compose("replay.strategy=headroom_drift", "replay.k_rep=2", f"replay.tau={tau}")
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n{"step": 2, "data": {}}\n')
+    return run_dir
+
+
+# The entry point, noting at exit whether it ever started Ray.
+RAY_PROBE = textwrap.dedent("""
+    import atexit, os, sys
+    def note():
+        ray = sys.modules.get("ray")
+        with open(os.environ["RAY_STARTED"], "w") as out:
+            out.write(str(ray is not None and ray.is_initialized()))
+    atexit.register(note)
+    import verl_replay.main as main
+    main.cli()
+""")
+
+
+def test_resuming_with_a_changed_setting_is_refused_before_anything_changes(tmp_path, compose, tiny_assets):
+    run_dir = _checkpointed_run_dir(tmp_path, compose, tau=0.08)
+    before = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    probe = tmp_path.parent / f"{tmp_path.name}-ray.txt"
+    result, _ = run_cli(
+        tmp_path,
+        f"run_dir={run_dir}",
+        "replay.strategy=headroom_drift",
+        "replay.k_rep=4",
+        "replay.tau=0.1",
+        script=RAY_PROBE,
+        env={"RAY_STARTED": str(probe)},
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"verl_replay: run_dir {run_dir} resumes a run saved with replay.k_rep=2 (now 4), replay.tau=0.08 (now 0.1): "
+        "these decide what is replayed, so a resumed run keeps them; resume with replay.k_rep=2 replay.tau=0.08, "
+        "or start a new run (another run_dir, or none for a new folder)"
+    ]
+    assert probe.read_text() == "False"  # refused before Ray started
+    after = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "run.lock"}
+    assert after == before  # config.yaml and metrics.jsonl untouched, nothing renamed
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("output_root=/proc/x", "output_root: /proc/x cannot be written (/proc: No such file or directory)"),
+        ("run_dir={file}/run", "run_dir: {file}/run lies under {file}, which is a file"),
+        ("run_dir={file}", "run_dir: {file} is a file, not a folder"),
+    ],
+)
+def test_an_output_dir_no_run_can_write_is_refused_with_one_line(tmp_path, tiny_assets, override, message):
+    afile = tmp_path.parent / f"{tmp_path.name}-afile"
+    afile.write_text("x")
+    probe = tmp_path.parent / f"{tmp_path.name}-imported.txt"
+    result, _ = run_cli(tmp_path, override.format(file=afile), script=IMPORT_PROBE, env={"IMPORTED_HEAVY": str(probe)})
+    key = override.split("=")[0]
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"verl_replay: {message.format(file=afile)}; set {key}= to a writable folder"
+    ], result.stderr
+    assert list(tmp_path.iterdir()) == [] and probe.read_text() == ""  # before ray, verl or torch was imported
+
+
+def test_a_resume_without_replay_state_is_refused_unless_allowed(tmp_path, compose, tiny_assets):
+    from verl_replay.main import check_resume
+
+    run_dir = _checkpointed_run_dir(tmp_path, compose, tau=0.08)
+    (run_dir / "checkpoints" / "global_step_2" / "replay" / "replay_state.json").unlink()
+    overrides = (f"run_dir={run_dir}", "replay.strategy=headroom_drift", "replay.k_rep=2", "replay.tau=0.08")
+    config = compose(*overrides)
+    replay_config, probe = startup_checks(config, NOW)
+    with pytest.raises(StartupError, match=r"global_step_2, which holds no replay state .*allow_missing_state=true"):
+        check_resume(config, probe, replay_config)
+    allowed = compose(*overrides, "replay.allow_missing_state=true")
+    check_resume(allowed, *reversed(startup_checks(allowed, NOW)))
+    fresh = compose(*overrides, "trainer.resume_mode=disable", "replay.tau=0.5")  # not resuming: no check
+    check_resume(fresh, *reversed(startup_checks(fresh, NOW)))

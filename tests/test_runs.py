@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from datetime import datetime
 
 import pytest
 
-from verl_replay.runs import keep_previous_metrics, new_run_dir, open_run_dir, run_dir_name
+from verl_replay.runs import RunDirBusy, keep_previous_metrics, lock_run_dir, new_run_dir, open_run_dir, run_dir_name
 
 NOW = datetime(2026, 1, 2, 3, 4, 5)
 
@@ -35,7 +39,7 @@ def test_a_new_run_never_touches_an_earlier_one(tmp_path):
     later = open_run_dir(None, tmp_path, "math_none", now=NOW)
     assert later.path != earlier.path and not later.resumed and later.kept_metrics is None
     assert (earlier.path / "metrics.jsonl").read_text() == '{"step": 1}\n'
-    assert sorted(p.name for p in earlier.path.iterdir()) == ["metrics.jsonl"]
+    assert sorted(p.name for p in earlier.path.iterdir()) == ["metrics.jsonl", "run.lock"]
 
 
 def test_naming_an_existing_run_dir_resumes_it_and_keeps_its_metrics(tmp_path):
@@ -58,3 +62,32 @@ def test_empty_metrics_are_not_kept_and_a_file_is_not_a_run_dir(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(FileExistsError, match="afile is a file"):
         open_run_dir(str(tmp_path / "afile"), tmp_path, "x")
+
+
+HOLDER = textwrap.dedent("""
+    import sys
+    from verl_replay.runs import lock_run_dir
+    lock_run_dir(sys.argv[1])
+    print("locked", flush=True)
+    sys.stdin.read()  # holds the lock until the test closes stdin
+""")
+
+
+def test_a_run_dir_a_live_process_holds_is_refused_naming_it(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunDirBusy, match=rf"in use by a live run \(process {holder.pid}\)"):
+            open_run_dir(str(run), tmp_path, "x")
+        assert sorted(p.name for p in run.iterdir()) == ["run.lock"]  # nothing else written
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    # the holder ended: its lock went with it; a folder holding only the lock file is not a resumed run
+    opened = open_run_dir(str(run), tmp_path, "x")
+    assert not opened.resumed and (run / "run.lock").read_text() == f"{os.getpid()}\n"
+    lock_run_dir(run)  # this process holds it already: no-op

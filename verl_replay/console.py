@@ -66,17 +66,33 @@ class Console:
     # ------------------------------------------------------------------ progress bar
 
     def start_progress(self, total: Optional[int], initial: int = 0, desc: str = "training") -> None:
-        """A bar on the terminal's stderr; none when stderr is not a terminal (logs, CI, pipes)."""
+        """A bar on the terminal's stdout, the stream of the step lines, so that ``tqdm.write``
+        clears and redraws it around every line (bar and lines on two streams merge on one
+        terminal); none when stdout is not a terminal (logs, CI, pipes)."""
         from tqdm import tqdm
 
         self.close_progress()
-        if not _isatty(self.err):
+        if not _isatty(self.out):
             return
-        self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step", file=self.err, leave=False)
+        self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step", file=self.out, leave=False)
 
-    def advance(self, to_step: int) -> None:
-        if self._bar is not None and to_step > self._bar.n:
-            self._bar.update(to_step - self._bar.n)
+    def advance(self, to_step: int, *, step_seconds: Optional[float] = None) -> None:
+        """Move the bar to ``to_step``. ``step_seconds`` (the first step's own time) restarts the
+        bar's clock as if it had started that long ago: the ETA then counts steps, not start-up."""
+        if self._bar is None or to_step <= self._bar.n:
+            return
+        if step_seconds is not None:
+            self._bar.start_t = self._bar._time() - max(0.0, float(step_seconds))
+        self._bar.update(to_step - self._bar.n)
+
+    def status(self, text: Optional[str]) -> None:
+        """What the bar waits for (shown after it); None clears it."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(text or "", refresh=True)
+
+    @property
+    def has_bar(self) -> bool:
+        return self._bar is not None
 
     def refresh(self) -> None:
         if self._bar is not None:

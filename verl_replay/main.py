@@ -21,9 +21,12 @@ Exit codes: 0 done; 1 the training failed (reason on the last line, details in `
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import importlib.util
+import io
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -47,7 +50,17 @@ from verl_replay.input_checks import (
     check_sql_databases,
     check_tokenizer,
 )
-from verl_replay.runs import CONFIG_FILE, LOG_FILE, METRICS_FILE, RunDir, open_run_dir, run_dir_name
+from verl_replay.runs import (
+    CONFIG_FILE,
+    LOG_FILE,
+    METRICS_FILE,
+    RunDir,
+    RunDirBusy,
+    holds_content,
+    lock_run_dir,
+    open_run_dir,
+    run_dir_name,
+)
 
 TINY_ASSET_RESOLVER = "tiny_asset"
 REQUIRED_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path")
@@ -62,6 +75,10 @@ class StartupError(Exception):
 
 _CONSOLE: Optional[Console] = None
 _COMPOSED = False  # Hydra composed the config and called main()
+_REAL_STDERR: Optional[Any] = None
+_STARTED: Optional[float] = (
+    None  # when the command started (cli)  # sys.stderr while Hydra composes (its errors are held until then)
+)
 
 
 def console() -> Console:
@@ -178,10 +195,30 @@ def check_verl_config(config: DictConfig) -> None:
         raise StartupError(f"verl refuses the config: {_first_line(error)}") from None
 
 
+def check_archive_task(config: DictConfig, archive: str) -> None:
+    """A tiny run (``tiny_task``) with an archive of the other tiny task: the fix is the task, not a
+    new archive. The archive's manifest records its domain (sql / math)."""
+    import json
+
+    from verl_replay.elite.archive_io import manifest_path
+
+    task = OmegaConf.select(config, "tiny_task")
+    try:
+        domain = json.loads(manifest_path(archive).read_text(encoding="utf-8")).get("domain")
+    except (OSError, ValueError):
+        return  # the archive's own checks report an unreadable manifest
+    if task and domain and domain != task:
+        raise StartupError(
+            f"replay.elite.archive: {archive} is a {domain} archive and this run trains tiny_task={task}; "
+            f"add tiny_task={domain} (or give an archive built for the {task} task)"
+        )
+
+
 def preflight_elite_archive(config: DictConfig, replay_config: ReplayConfig, tokenizer: Any = None) -> None:
     from verl_replay.integrations.verl.elite_replay import preflight_archive
 
     check_archive_file("replay.elite.archive", replay_config.elite.archive)
+    check_archive_task(config, replay_config.elite.archive)
     if tokenizer is None:
         from transformers import AutoTokenizer
 
@@ -221,6 +258,105 @@ def check_required(config: DictConfig) -> None:
         raise StartupError(f"these settings are required and have no value: {', '.join(missing)}")
 
 
+def explicit_run_dir(config: DictConfig) -> Optional[Path]:
+    return Path(str(config.run_dir)).expanduser().absolute() if config.get("run_dir") else None
+
+
+def lock_existing_run_dir(config: DictConfig) -> None:
+    """An existing ``run_dir`` is locked first: a second run on it is refused in seconds, before
+    it builds, checks or writes anything (a new folder is locked as it is created)."""
+    path = explicit_run_dir(config)
+    if path is None or not path.is_dir():
+        return
+    try:
+        lock_run_dir(path)
+    except RunDirBusy as error:
+        raise StartupError(str(error)) from None
+    except OSError as error:
+        raise StartupError(f"run_dir: cannot lock {path} ({error.strerror}); choose a writable run_dir") from None
+
+
+def _unwritable(path: Path) -> Optional[str]:
+    """Why no run folder can be made at ``path`` (None: it can). Probes with a folder it removes."""
+    existing = path
+    try:
+        if path.exists() and not path.is_dir():
+            return "is a file, not a folder"
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            return f"lies under {existing}, which is a file"
+        os.rmdir(tempfile.mkdtemp(prefix=".verl_replay-probe-", dir=existing))
+    except OSError as error:
+        return f"cannot be written ({existing}: {error.strerror})"
+    return None
+
+
+def check_output_location(config: DictConfig) -> None:
+    """``run_dir`` or ``output_root`` must be a folder this process can write: checked first, before
+    the other checks and Ray (a dry run skips it: its paths may name another machine)."""
+    if config.get("dry_run", False):
+        return
+    explicit = explicit_run_dir(config)
+    if explicit is not None:
+        key, path = "run_dir", explicit
+    else:
+        key, path = "output_root", Path(str(config.output_root)).expanduser().absolute()
+    problem = _unwritable(path)
+    if problem:
+        raise StartupError(f"{key}: {path} {problem}; set {key}= to a writable folder")
+
+
+def check_resume(config: DictConfig, probe: DictConfig, replay_config: ReplayConfig) -> None:
+    """What the trainer checks when it loads the checkpoint of a resumed run, checked here, before
+    Ray starts and before anything in the run dir changes: the replay settings that decide what is
+    replayed, the trainer mode and the replay state's presence."""
+    from verl_replay.integrations.verl.replay_state import ReplayStateError, changed_settings, decision_settings
+
+    run_dir = explicit_run_dir(config)
+    if (
+        run_dir is None
+        or not holds_content(run_dir)
+        or not (replay_config.uses_group_buffer or replay_config.uses_elite)
+    ):
+        return
+    trainer = probe.trainer
+    if trainer.resume_mode == "disable":
+        return
+    if trainer.resume_mode == "resume_path":
+        checkpoint = Path(str(trainer.resume_from_path))
+    else:
+        tracker = Path(str(trainer.default_local_dir)) / "latest_checkpointed_iteration.txt"
+        if not tracker.is_file():
+            return  # nothing to resume from: the run starts at step 1 in the same folder
+        checkpoint = Path(str(trainer.default_local_dir)) / f"global_step_{int(tracker.read_text().strip())}"
+    mode = str(probe.trainer.v1.trainer_mode)
+    anchor = ("old_log_probs" if mode == "sync" else "rollout_log_probs") if replay_config.uses_group_buffer else None
+    new_run = "or start a new run (another run_dir, or none for a new folder)"
+    try:
+        changed = changed_settings(
+            checkpoint / "replay",
+            identity={"trainer_mode": mode, "anchor_field": anchor},
+            settings=decision_settings(replay_config),
+        )
+    except ReplayStateError as error:
+        raise StartupError(f"run_dir {run_dir} cannot be resumed: {error}; {new_run}") from None
+    if changed is None:
+        if not replay_config.allow_missing_state:
+            raise StartupError(
+                f"run_dir {run_dir} resumes from {checkpoint}, which holds no replay state (buffer, sampler): "
+                f"replay would restart empty; set replay.allow_missing_state=true to accept that, {new_run}"
+            )
+        return
+    if changed:
+        was = ", ".join(f"{key}={saved} (now {now})" for key, saved, now in changed)
+        keep = " ".join(f"{key}={saved}" for key, saved, _ in changed)
+        raise StartupError(
+            f"run_dir {run_dir} resumes a run saved with {was}: these decide what is replayed, so a resumed run "
+            f"keeps them; resume with {keep}, {new_run}"
+        )
+
+
 def planned_run_dir(config: DictConfig, now: datetime) -> Path:
     """The folder this run will use; a new one is only created after every check passed."""
     if config.get("run_dir"):
@@ -230,13 +366,22 @@ def planned_run_dir(config: DictConfig, now: datetime) -> Path:
 
 
 def check_replay_settings(config: DictConfig, replay_config: ReplayConfig) -> None:
-    """verl settings that would mix replayed rows into the fresh rows' numbers (SPEC 1.7)."""
+    """verl settings that would mix replayed rows into the fresh rows' numbers."""
     from verl_replay.integrations.verl.guards import ReplayIncompatibleSetting, check_replay_compatible
 
     try:
         check_replay_compatible(config, replay_config.strategy)
     except ReplayIncompatibleSetting as error:
         raise StartupError(str(error)) from None
+
+
+def check_tiny_task(config: DictConfig) -> None:
+    """``tiny_task`` (platform=cpu_tiny) names one of the tiny tasks; the config picks its files by it."""
+    task = config.get("tiny_task")
+    lengths = config.get("tiny_response_length")
+    if task is None or not isinstance(lengths, DictConfig) or task in lengths:
+        return
+    raise StartupError(f"tiny_task={task} is not a tiny task; use one of: {', '.join(str(k) for k in lengths)}")
 
 
 def startup_checks(config: DictConfig, now: datetime) -> tuple[ReplayConfig, DictConfig]:
@@ -252,6 +397,7 @@ def startup_checks(config: DictConfig, now: datetime) -> tuple[ReplayConfig, Dic
         replay_config = ReplayConfig.from_mapping(probe.get("replay"))
     except ReplayConfigError as error:
         raise StartupError(f"invalid config: {error}") from None
+    check_tiny_task(probe)
     try:
         OmegaConf.resolve(probe)  # tiny assets are built here, in the driver, once
     except OmegaConfBaseException as error:
@@ -285,9 +431,12 @@ def run(config: DictConfig) -> int:
     try:
         if startup_log is not None:
             out.redirect_to(startup_log)
+        check_output_location(config)
+        lock_existing_run_dir(config)
         replay_config, probe = startup_checks(config, datetime.now())
         if probe.get("dry_run", False):
             return dry_run_report(probe, replay_config)
+        check_resume(config, probe, replay_config)
         run_dir = claim_run_dir(config)
         if startup_log is not None:
             out.redirect_to(run_dir.path / LOG_FILE, carry_over=[startup_log])
@@ -327,7 +476,7 @@ def claim_run_dir(config: DictConfig) -> RunDir:
     root = Path(str(config.output_root)) / str(config.trainer.project_name)
     try:
         return open_run_dir(explicit, root, str(config.trainer.experiment_name))
-    except (FileExistsError, PermissionError) as error:
+    except (FileExistsError, PermissionError, RunDirBusy) as error:
         raise StartupError(str(error)) from None
 
 
@@ -371,11 +520,11 @@ def train(config: DictConfig, replay_config: ReplayConfig, run_dir: RunDir, quie
 
     out = console()
     follower = None
-    started = time.monotonic()
+    started = _STARTED if _STARTED is not None else time.monotonic()  # the done line: the run's wall time
     try:
         metrics_path = prepare_run(config, run_dir, quiet)
         announce_start(config, replay_config, run_dir, quiet)
-        follower = follow_steps(config, replay_config, metrics_path) if quiet else None
+        follower = follow_steps(config, replay_config, metrics_path, run_dir.path / LOG_FILE) if quiet else None
         _run_ppo(config)
     except KeyboardInterrupt:
         _stop(follower, out)
@@ -392,23 +541,44 @@ def train(config: DictConfig, replay_config: ReplayConfig, run_dir: RunDir, quie
     return EXIT_OK
 
 
-def follow_steps(config: DictConfig, replay_config: ReplayConfig, metrics_path: Path) -> Any:
-    """The progress bar and one console line per step, read back from verl's metrics file."""
-    from verl_replay.integrations.verl.console import DriftFloorWatch, StepFollower, step_fields
+STATUS_LINE_S = 60.0  # without a bar: a line when the first step is this long in coming, then as often
+
+
+def follow_steps(config: DictConfig, replay_config: ReplayConfig, metrics_path: Path, log_path: Path) -> Any:
+    """The progress bar and one console line per step, read back from verl's metrics file; until
+    the first step, what the run waits for (Ray, the trainer, the workers) and for how long."""
+    from verl_replay.integrations.verl.console import DriftFloorWatch, StartupWatch, StepFollower, step_fields
 
     out = console()
     total = OmegaConf.select(config, "trainer.total_training_steps")
     split = OmegaConf.select(config, "trainer.v1.trainer_mode") != "sync"
     floor = DriftFloorWatch(replay_config.tau)
+    watch = StartupWatch(log_path)
+    waiting_since = time.monotonic()
+    last_status = [waiting_since]
 
     def on_step(step: int, data: dict) -> None:
-        out.advance(step)
+        first = not follower.steps[:-1]
+        out.advance(step, step_seconds=data.get("timing_s/step") if first else None)
+        if first:
+            out.status(None)
         out.line(step_line(step, total, step_fields(data, replay_config, split=split)))
         warning = floor.update(data) if replay_config.uses_headroom_drift else None
         if warning:
             out.line(warning)
 
-    follower = StepFollower(metrics_path, on_step, on_idle=out.refresh)
+    def on_idle() -> None:
+        if not follower.steps:
+            now = time.monotonic()
+            text = f"{watch.poll()} ({_duration(now - waiting_since)})"
+            if out.has_bar:
+                out.status(text)
+            elif now - last_status[0] >= STATUS_LINE_S:
+                last_status[0] = now
+                out.line(f"verl_replay: {text} ...")
+        out.refresh()
+
+    follower = StepFollower(metrics_path, on_step, on_idle=on_idle)
     out.start_progress(total)
     follower.start()
     return follower
@@ -499,9 +669,38 @@ def _as_list(value: Any) -> list[str]:
 def main(config: DictConfig) -> None:
     global _COMPOSED
     _COMPOSED = True
+    _release_stderr()
     code = run(config)
     if code != EXIT_OK:
         raise SystemExit(code)
+
+
+def lock_named_run_dir(args: list[str]) -> None:
+    """``run_dir=DIR`` on the command line naming an existing folder: its lock is taken before Hydra
+    composes anything, so a second run on a live run's folder is refused within seconds (the
+    composed config's run_dir is locked again, a no-op, in :func:`lock_existing_run_dir`)."""
+    for arg in args:
+        key, sep, value = arg.lstrip("+").partition("=")
+        if key == "run_dir" and sep and value and "${" not in value and value.lower() not in ("null", "none"):
+            path = Path(value.strip("'\"")).expanduser().absolute()
+            if path.is_dir():
+                try:
+                    lock_run_dir(path)
+                except RunDirBusy as error:
+                    raise StartupError(str(error)) from None
+                except OSError:
+                    return  # the composed config's checks name the problem
+
+
+def _process_started() -> float:
+    """``time.monotonic()`` at this process's start (the interpreter's start-up and imports count
+    towards the run's wall time); now, where the process table cannot tell."""
+    try:
+        import psutil
+
+        return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+    except Exception:  # noqa: BLE001 - any failure: count from here
+        return time.monotonic()
 
 
 def verl_config_searchpath() -> Optional[str]:
@@ -519,10 +718,16 @@ def verl_config_searchpath() -> Optional[str]:
 
 def cli(argv: Optional[list[str]] = None) -> None:
     """``python -m verl_replay.main``: refuses unknown ``replay.*`` keys before Hydra composes."""
+    global _STARTED
+    _STARTED = _process_started()
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         check_override_keys(args)
+        lock_named_run_dir(args)
     except ReplayConfigError as error:
+        console().error(f"verl_replay: {error}")
+        raise SystemExit(EXIT_USAGE) from None
+    except StartupError as error:
         console().error(f"verl_replay: {error}")
         raise SystemExit(EXIT_USAGE) from None
     searchpath = verl_config_searchpath()
@@ -530,13 +735,76 @@ def cli(argv: Optional[list[str]] = None) -> None:
         args.append(searchpath)
     sys.argv[1:] = args
     register_resolvers()
+    # Hydra reports an override it cannot apply on stderr before main() runs: held until we know
+    # whether it is a misspelled key (then our one line replaces its advice to add the key with +)
+    global _REAL_STDERR
+    _REAL_STDERR, sys.stderr = sys.stderr, io.StringIO()
     try:
         main()
     except SystemExit as exit_:
         # Hydra exits 1 after printing why an override cannot apply: a setting error, like ours
         if not _COMPOSED and exit_.code not in (0, None):
+            message = unknown_key_message(_release_stderr(forward=False), args)
+            if message is not None:
+                console().error(f"verl_replay: {message}")
             raise SystemExit(EXIT_USAGE) from None
         raise
+    finally:
+        _release_stderr()
+
+
+def _release_stderr(*, forward: bool = True) -> str:
+    """Point sys.stderr back at the real stream; returns what was held (and passes it on)."""
+    global _REAL_STDERR
+    if _REAL_STDERR is None:
+        return ""
+    held, sys.stderr, _REAL_STDERR = sys.stderr, _REAL_STDERR, None
+    text = held.getvalue() if isinstance(held, io.StringIO) else ""
+    if forward or unknown_key_message(text, []) is None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    return text
+
+
+_NOT_OVERRIDABLE = re.compile(r"Could not override '(?P<key>[^']+)'")
+_FULL_KEY = re.compile(r"full_key: (?P<key>\S+)")
+
+
+def unknown_key_message(hydra_error: str, args: list[str]) -> Optional[str]:
+    """Our line for Hydra's "Could not override 'a.b'" (a key the config does not have): the
+    closest existing key at the level that went wrong; None for any other Hydra error."""
+    match = _NOT_OVERRIDABLE.search(hydra_error)
+    if match is None or "is not in struct" not in hydra_error:
+        return None
+    key = match["key"]
+    missing = _FULL_KEY.search(hydra_error)
+    missing_key = missing["key"] if missing else key  # the first part of the path that does not exist
+    parent, _, leaf = missing_key.rpartition(".")
+    others = [arg for arg in args if not arg.lstrip("+~").startswith(f"{key}=")]
+    node = _composed_node(others, parent)
+    siblings = [str(name) for name in node] if node is not None else []
+    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
+    where = f" under {parent}" if parent else ""
+    if close:
+        hint = f"did you mean {'.'.join(filter(None, (parent, close[0])))}?"
+    else:
+        hint = f"no setting{where} is close; dry_run=true prints every setting"
+    return f"unknown setting {key} ({hint})"
+
+
+def _composed_node(overrides: list[str], dotted: str) -> Optional[DictConfig]:
+    """The node ``dotted`` of the composed config (with the other overrides, else without any)."""
+    from hydra import compose, initialize_config_dir
+
+    for attempt in (overrides, [arg for arg in overrides if arg.startswith("hydra.searchpath")]):
+        try:
+            with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+                config = compose(config_name="replay_trainer", overrides=attempt)
+        except Exception:  # noqa: BLE001 - only a suggestion: any failure leaves it out
+            continue
+        node = OmegaConf.select(config, dotted) if dotted else config
+        return node if isinstance(node, DictConfig) else None
+    return None
 
 
 if __name__ == "__main__":

@@ -30,7 +30,10 @@ PREFIX = "[preflight]"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m verl_replay.preflight",
-        description=__doc__.splitlines()[0],
+        description=(
+            "Check the stack a training config needs before any GPU is touched: one line per check, with the fix. "
+            "Extra arguments are the Hydra overrides of python -m verl_replay.main."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--stages", default="train", help="comma-separated: search, train, eval (default: train)")

@@ -6,8 +6,8 @@ Point verl at this module::
     reward.custom_reward_function.name=compute_score
 
 ``compute_score`` returns ``{"score", "acc", "reason"}``; verl logs the extra keys as
-reward metrics. ``acc`` is always pure answer correctness (the bit the replay buffers store,
-SPEC 1 / 2.1), ``score`` may add a ``format_bonus``.
+reward metrics. ``acc`` is always pure answer correctness (the bit the replay buffers store
+and the archive admits), ``score`` may add a ``format_bonus``.
 
 Hard limits and thread safety: verl's reward loop calls this from executor threads. Each
 SQL query runs in the process sandbox (:mod:`verl_replay.verifiers.sandbox`): a persistent

@@ -10,11 +10,15 @@ What a run folder holds (file names used by ``verl_replay.main`` and the tools):
 - ``verl.log``: everything verl, Ray and the workers printed (unless ``verbose=true``);
 - ``metrics.jsonl``: verl's file logger, one line per step (``{"step", "data"}``);
 - ``replay_events.jsonl``: the replay buffer's event log (Headroom-Drift / naive);
-- ``checkpoints/``: verl's checkpoints, when ``trainer.save_freq`` > 0.
+- ``checkpoints/``: verl's checkpoints, when ``trainer.save_freq`` > 0;
+- ``run.lock``: held (``flock``) by the live run's driver, with its process id: one run per folder.
+  The kernel drops the lock when that process ends, however it ends, so a stale file blocks nothing.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import itertools
 import os
 import re
@@ -24,12 +28,15 @@ from pathlib import Path
 from typing import Optional
 
 __all__ = [
+    "LOCK_FILE",
+    "RunDirBusy",
     "CONFIG_FILE",
     "EVENTS_FILE",
     "LOG_FILE",
     "METRICS_FILE",
     "RunDir",
     "keep_previous_metrics",
+    "lock_run_dir",
     "new_run_dir",
     "open_run_dir",
     "run_dir_name",
@@ -40,6 +47,46 @@ LOG_FILE = "verl.log"
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "replay_events.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
+LOCK_FILE = "run.lock"
+
+# run dir -> the open lock file descriptor this process holds (kept open until the process ends)
+_HELD_LOCKS: dict[Path, int] = {}
+
+
+class RunDirBusy(Exception):
+    """Another live process holds the run dir's lock; the message names its process id."""
+
+
+def lock_run_dir(path: Path) -> None:
+    """Take the run dir's lock for the rest of this process, before anything else is written there.
+
+    ``flock`` on ``run.lock``: exclusive, never waited for; the holder's process id is written into
+    the file so a refused run can name it. Raises :class:`RunDirBusy` when a live run holds it.
+    Calling it again for a folder this process holds is a no-op.
+    """
+    path = Path(path).absolute()
+    if path in _HELD_LOCKS:
+        return
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)  # umask applies; not inherited
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        raise RunDirBusy(
+            f"run_dir {path} is in use by a live run (process {holder}): wait for it to end (or stop it), "
+            "or give this run another run_dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    _HELD_LOCKS[path] = fd
+
+
+def holds_content(path: Path) -> bool:
+    """A folder an earlier run wrote to (its lock file alone does not count)."""
+    return path.is_dir() and any(entry.name != LOCK_FILE for entry in path.iterdir())
 
 
 @dataclass(frozen=True)
@@ -66,6 +113,7 @@ def new_run_dir(root: Path, name: str, *, now: Optional[datetime] = None) -> Pat
             candidate.mkdir()
         except FileExistsError:
             continue
+        lock_run_dir(candidate)
         return candidate
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -90,7 +138,8 @@ def open_run_dir(explicit: Optional[str], root: Path, name: str, *, now: Optiona
     path = Path(explicit).expanduser().absolute()
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"run_dir: {path} is a file, not a folder")
-    resumed = path.is_dir() and any(path.iterdir())
+    resumed = holds_content(path)
     path.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(path)  # before anything in it changes
     kept = keep_previous_metrics(path / METRICS_FILE) if resumed else None
     return RunDir(path, resumed=resumed, kept_metrics=kept)

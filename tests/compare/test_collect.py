@@ -128,6 +128,15 @@ def test_resumed_step_replaces_earlier_line(tmp_path):
     assert val_curve(read_metrics(path)) == []
 
 
+def test_a_torn_last_line_from_an_older_run_is_skipped_but_not_a_bad_middle_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1, "data": {"a": 1}}\n{"step": 2, "data": {"a"')
+    assert read_metrics(path) == [(1, {"a": 1})]
+    path.write_text('{"step": 1, "data": {"a"\n{"step": 2, "data": {"a": 2}}\n')
+    with pytest.raises(RunResultError, match=r"m.jsonl:1"):
+        read_metrics(path)
+
+
 def test_errors_name_the_file(tmp_path):
     with pytest.raises(RunResultError, match="no metrics file"):
         collect_run(tmp_path)

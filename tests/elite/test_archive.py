@@ -1,4 +1,4 @@
-"""EliteArchive (SPEC 2.1, 2.3) on a small but real domain: integer arithmetic expressions.
+"""EliteArchive on a small but real domain: integer arithmetic expressions.
 
 The verifier evaluates an expression with an AST whitelist (``+ - * **``, unary minus,
 integer literals) and compares it with the ground truth; the describer labels the approach

@@ -1,4 +1,4 @@
-"""Frozen-archive file (SPEC 2.5): roundtrip, integrity, refusals, atomic writes."""
+"""Frozen-archive file: roundtrip, integrity, refusals, atomic writes."""
 
 from __future__ import annotations
 

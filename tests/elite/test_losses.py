@@ -1,4 +1,4 @@
-"""Replay loss (SPEC 2.6): hand values, masking, gradients, split invariance."""
+"""Replay loss: hand values, masking, gradients, split invariance."""
 
 from __future__ import annotations
 

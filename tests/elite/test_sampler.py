@@ -1,4 +1,4 @@
-"""BalancedSampler / IIDSampler (SPEC 2.5): balance at every draw, determinism, resume."""
+"""BalancedSampler / IIDSampler: balance at every draw, determinism, resume."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def check_call(archive: FrozenArchive, idx: np.ndarray, q_counts: np.ndarray, c_
         c_counts[i] += 1
         in_call_q[qi] += 1
         in_call_c[i] += 1
-        # SPEC guarantee, after every single draw
+        # the balance guarantee, after every single draw
         assert q_counts.max() - q_counts.min() <= 1
         spread = np.maximum.reduceat(c_counts, starts) - np.minimum.reduceat(c_counts, starts)
         assert spread.max() <= 1

@@ -1,4 +1,4 @@
-"""MAP-Elites search (SPEC 2.3, 2.5) on CPU: the tiny SQL model, the tiny SQL data, real SQLite
+"""MAP-Elites search on CPU: the tiny SQL model, the tiny SQL data, real SQLite
 files, the HF backend and a real verification pool.
 
 One uninterrupted run is shared by several tests (module fixture); the resume test re-runs the
@@ -165,7 +165,7 @@ def test_manifest_records_provenance_config_and_denominators(full_run, tiny_asse
 
 
 def test_generations_cut_off_by_the_length_limit_never_enter_the_archive(tiny_assets, backend, tmp_path) -> None:
-    """SPEC 2.1: with a token limit that cuts off a good part of the tiny model's answers, the
+    """Only finished answers: with a token limit that cuts off a good part of the tiny model's answers, the
     cut-off generations are counted as ``truncated`` -- their own failure kind, in every
     denominator -- and none becomes an elite (an unclosed ```sql block would still verify)."""
     config = make_config(

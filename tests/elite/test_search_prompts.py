@@ -1,4 +1,4 @@
-"""Mutation prompt builder (SPEC 2.3): question kept verbatim, target approach + parent appended."""
+"""Mutation prompt builder: question kept verbatim, target approach + parent appended."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Evaluation metrics (SPEC 3) against hand-computed values and exact combinatorics."""
+"""Evaluation metrics against hand-computed values and exact combinatorics."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""HeadroomDriftBuffer / NaiveReplayBuffer: SPEC 1.3-1.5 against a brute-force reference."""
+"""HeadroomDriftBuffer / NaiveReplayBuffer: selection, gate and ingress against a brute-force reference."""
 
 from __future__ import annotations
 

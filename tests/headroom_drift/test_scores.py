@@ -1,4 +1,4 @@
-"""Headroom / Policy Drift / replay KL against hand-computed values (SPEC 1.1, 1.2)."""
+"""Headroom / Policy Drift / replay KL against hand-computed values."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 * ``DRY_RUN=1``: every recipe and baseline runs its real training command with ``dry_run=true``
   (Hydra composes, verl_replay validates, the resolved config is printed) and prints its search /
-  evaluation commands. The tests parse the printed YAML and check SPEC section 4's settings.
+  evaluation commands. The tests parse the printed YAML and check the papers' settings.
   The dry runs start together (one subprocess each, ~6-9 s of verl import apiece).
 * Refusals (bad settings, missing inputs) are caught by the recipe's own checks before any
   Python starts, so they cost milliseconds.
@@ -156,6 +156,9 @@ def dry(inputs) -> dict[str, RecipeRun]:
         runs = dict(zip(DRY_CASES, pool.map(one, DRY_CASES), strict=True))
     for case, run in runs.items():
         assert run.returncode == 0, f"{case}: rc={run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+        lines = run.stderr.splitlines()  # the recipe's own lines go to stderr
+        if not any("] memory: " in line for line in lines):  # a memory-table run stops after its table
+            assert "] dry run: nothing was run (stages: " in lines[-1], f"{case}: {run.stderr[-500:]}"
     return runs
 
 
@@ -260,7 +263,7 @@ def test_headroom_drift_recipe_composes_b256_plus_r128(dry, inputs) -> None:
     data, arr, replay = config["data"], config["actor_rollout_ref"], config["replay"]
     assert (data["train_batch_size"], arr["rollout"]["n"]) == (32, 8)  # 256 fresh responses
     rounds = config["trainer"]["v1"]["separate_async"]["parameter_sync_step"]
-    # b256 + r128 in 6 optimiser steps of 64 responses, like b384 (SPEC 1.6): 2 rounds of 16 fresh
+    # b256 + r128 in 6 optimiser steps of 64 responses, like b384: 2 rounds of 16 fresh
     # prompts + 8 replayed groups, each round 3 steps of 8 groups
     assert (rounds, arr["actor"]["ppo_mini_batch_size"], replay["ppo_mini_batch_size"]) == (2, 16, 8)
     fresh_per_round, replay_per_round = 32 // rounds, replay["k_rep"] // rounds
@@ -501,6 +504,7 @@ def test_tiny_headroom_drift_recipe_runs_every_stage_through_a_crash(tmp_path) -
     the metrics go on without a gap or a repeat, and over the whole run every replay count, token
     share and second is a total of its global step, checked against the update's own record of what
     it trained on (``split_checks``)."""
+    from clean_run import check_clean_run
     from crash import kill_after_checkpoint
     from replay_audit import FRESH, read_audit
     from split_checks import check_group_replay_run
@@ -583,6 +587,7 @@ def test_tiny_headroom_drift_recipe_runs_every_stage_through_a_crash(tmp_path) -
     assert len({prompt for _, prompt in fresh_prompts}) == len(fresh_prompts) == 5 * 4
 
     check_group_replay_run(run_dir, metrics, rows, dump, k_rep=2, steps=5)
+    check_clean_run(run_dir)  # the resumed run: no hidden error, no lost rollout
     accepted = [m["replay/accepted"] for m in metrics]
     assert accepted[0] == 0 and sum(accepted) > 0  # TAU=10 accepts every scanned group
     hf_model = checkpoints / "global_step_5" / "actor" / "huggingface"
@@ -594,6 +599,8 @@ def test_tiny_headroom_drift_recipe_runs_every_stage_through_a_crash(tmp_path) -
 
 @pytest.mark.e2e
 def test_tiny_elite_recipe_runs_every_stage(tmp_path) -> None:
+    from clean_run import check_clean_run
+
     run = run_recipe("elite_replay_qwen4b.sh", _tiny_env(tmp_path), timeout=1200)
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     project = tmp_path / "out" / "elite_replay_sql"
@@ -603,6 +610,7 @@ def test_tiny_elite_recipe_runs_every_stage(tmp_path) -> None:
     assert all(override in run.command("train") for override in TINY_SPLIT)
     run_dir = project / "elite_q4x4"
     metrics = _metrics(run_dir)
+    check_clean_run(run_dir)  # no hidden error, no lost rollout
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:  # every global step carried ELITE_BATCH_SIZE=4 archive entries into the NLL term
         assert m["data"]["replay/elite/examples"] == 4 and m["data"]["replay/elite/archive_entries"] >= 1

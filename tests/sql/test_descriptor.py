@@ -1,4 +1,4 @@
-"""Structural descriptor of SQL queries (SPEC 2.2 search cells)."""
+"""Structural descriptor of SQL queries."""
 
 from __future__ import annotations
 

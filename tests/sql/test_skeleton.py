@@ -1,4 +1,4 @@
-"""sql_skeleton: strategy identity for evaluation (SPEC 2.2)."""
+"""sql_skeleton: strategy identity for evaluation."""
 
 from __future__ import annotations
 

@@ -32,17 +32,22 @@ class RunResultError(ValueError):
 
 def read_metrics(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """``(step, data)`` per line of a metrics.jsonl, in file order; a later line for the same
-    step (a resumed run) replaces the earlier one."""
+    step (a resumed run) replaces the earlier one. An unfinished last line (no newline: a run of an
+    older version killed while it wrote) is skipped; a bad line anywhere else is an error."""
     if not path.is_file():
         raise RunResultError(f"{path}: no metrics file (did the run start?)")
     by_step: dict[int, dict[str, Any]] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
             step, data = int(record["step"]), record["data"]
         except (ValueError, KeyError, TypeError) as exc:
+            if number == len(lines) and not text.endswith("\n"):
+                break  # a last line an older version's killed run left unfinished
             raise RunResultError(f"{path}:{number}: not a metrics line ({exc})") from None
         if not isinstance(data, dict):
             raise RunResultError(f"{path}:{number}: 'data' is not an object")

@@ -1,5 +1,5 @@
 """EliteReplay: MAP-Elites archive of verified solutions, frozen-archive file, replay samplers
-and the length-normalised replay loss (SPEC 2).
+and the length-normalised replay loss.
 
 Modules (import them directly; this package imports nothing so that ``import verl_replay.elite``
 stays cheap and torch-free):

@@ -1,4 +1,4 @@
-"""EliteArchive: the MAP-Elites archive of verified solutions (SPEC 2.1, 2.3) and its frozen form.
+"""EliteArchive: the MAP-Elites archive of verified solutions and its frozen form.
 
 The archive maps question -> cell -> elite, where a cell is the ``(approach, descriptor)`` of
 the solution *as achieved* (computed by the injected ``describer``; the approach the generator
@@ -10,7 +10,7 @@ Insertion order of checks (documented choice): **complete, then verify, then des
 0. the generation did not finish (``candidate.finish_reason`` is set and is not ``"stop"``:
    ``"length"`` -- cut off by the token limit --, ``"abort"``, ...) => ``TRUNCATED``, without
    calling the verifier: a cut-off answer can still verify (an unclosed ```sql block is
-   extracted), and replaying it would teach the policy to stop mid-answer (SPEC 2.1);
+   extracted), and replaying it would teach the policy to stop mid-answer;
 1. ``verifier(question, text)`` -> ``.correct is False``  => ``REJECTED`` (verification failure);
 2. ``describer(question, text)`` raises ``ValueError``, returns ``None``, or returns an approach
    outside the vocabulary => ``PARSE_FAILED`` (parse failure);
@@ -509,7 +509,7 @@ class EliteArchive:
         return 0 if counts is None else counts.attempts
 
     def rank_targets(self, question_id: str) -> list[str]:
-        """All approaches, best target first (SPEC 2.3).
+        """All approaches, best target first.
 
         Order: uncovered for this question first, then fewer attempts at (question, approach)
         (attempts = candidates that requested it), then fewer questions covering the approach
@@ -529,7 +529,7 @@ class EliteArchive:
         return self.rank_targets(question_id)[0]
 
     def choose_parent(self, question_id: str, target_approach: str) -> Elite | None:
-        """Parent elite for a mutation towards ``target_approach`` (SPEC 2.3).
+        """Parent elite for a mutation towards ``target_approach``.
 
         Prefers an elite of the same question whose achieved approach differs from the target
         (seeded uniform choice). Middle case (documented choice): if every elite of the question

@@ -1,4 +1,4 @@
-"""Frozen-archive file: a parquet table of elites plus a JSON manifest (SPEC 2.5).
+"""Frozen-archive file: a parquet table of elites plus a JSON manifest.
 
 Layout for ``path = "archive.parquet"``:
 
@@ -87,7 +87,7 @@ _SCHEMA = pa.schema(
 )
 COLUMNS: tuple[str, ...] = tuple(_SCHEMA.names)
 
-# what the caller must state (SPEC 2.5: base model, tokenizer; the dataset for the refusal check)
+# what the caller must state: base model, tokenizer; the dataset for the refusal check
 REQUIRED_MANIFEST_KEYS: tuple[str, ...] = ("base_model", "tokenizer_name", "tokenizer_fingerprint", "dataset")
 # what the writer computes; a caller may not set these
 WRITER_MANIFEST_KEYS: tuple[str, ...] = (
@@ -344,7 +344,8 @@ def load_frozen_archive(
         raise ArchiveIntegrityError(
             f"{path}: content hash mismatch -- manifest {manifest_path(path).name} says sha256 {expected}, "
             f"the file ({len(data)} bytes) has sha256 {actual}; the file is corrupted, truncated or was "
-            f"replaced without its manifest. Re-freeze the archive."
+            f"replaced without its manifest. Restore the file with its manifest, or build the archive again: "
+            f"python -m verl_replay.elite.search ... --out {path} (--tiny for the tiny task)"
         )
     built_fp = man.get("tokenizer_fingerprint")
     if expected_tokenizer_fingerprint is not None and built_fp != expected_tokenizer_fingerprint:

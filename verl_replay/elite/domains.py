@@ -1,4 +1,4 @@
-"""Domain adapters for the MAP-Elites search (SPEC 2.2-2.4): what the archive calls per domain.
+"""Domain adapters for the MAP-Elites search: what the archive calls per domain.
 
 A :class:`Domain` bundles, for one task family (text-to-SQL or math):
 

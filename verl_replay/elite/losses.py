@@ -1,4 +1,4 @@
-"""EliteReplay loss (SPEC 2.6).
+"""EliteReplay loss.
 
     L        = (1 - mu) * L_GRPO + mu * L_replay
     L_replay = -(1/|E|) * sum_{(x,y) in E} (1/|y|) * sum_t log pi_theta(y_t | x, y_<t)
@@ -71,7 +71,7 @@ def per_row_mean_nll(log_probs: Tensor, response_mask: Tensor) -> Tensor:
 
 
 def length_normalized_nll(log_probs: Tensor, response_mask: Tensor) -> Tensor:
-    """``L_replay`` of SPEC 2.6: ``[R, T], [R, T] -> []``, mean over rows of each row's mean NLL."""
+    """``L_replay``: ``[R, T], [R, T] -> []``, mean over rows of each row's mean NLL."""
     if isinstance(log_probs, Tensor) and log_probs.dim() >= 1 and log_probs.shape[0] == 0:
         raise ValueError("length_normalized_nll: no rows (R == 0); the mean over replay responses is undefined")
     return per_row_mean_nll(log_probs, response_mask).mean()

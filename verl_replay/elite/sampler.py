@@ -1,4 +1,4 @@
-"""Replay samplers over a :class:`~verl_replay.elite.archive.FrozenArchive` (SPEC 2.5).
+"""Replay samplers over a :class:`~verl_replay.elite.archive.FrozenArchive`.
 
 :class:`BalancedSampler` -- each draw takes a question with the fewest cumulative draws, then,
 within it, a cell with the fewest cumulative draws. Ties are broken, in this order, by fewer
@@ -6,7 +6,7 @@ draws *in the current* ``sample(k)`` *call*, then uniformly at random with the s
 seeded generator. Consequences (all tested, after every single draw):
 
 * cumulative draw counts differ by at most one across questions, and across the cells of each
-  question (the SPEC guarantee; it only needs "least cumulative draws first");
+  question (the balance guarantee; it only needs "least cumulative draws first");
 * within one call, a question appears ``floor(k/Q)`` or ``ceil(k/Q)`` times, so a call with
   ``k <= Q`` returns ``k`` distinct questions, and a call with ``k > Q`` repeats questions
   (each at most ``ceil(k/Q)`` times) rather than refusing; likewise the repeats of a question
@@ -28,7 +28,7 @@ random numbers of a call are drawn in one vectorised ``rng.random(2k)``. The cel
 question get their bucket queue at its first draw (O(its cells), once). ``stats()``,
 ``state_dict()`` and ``load_state_dict()`` are O(entries), vectorised.
 
-:class:`IIDSampler` -- uniform over entries with replacement (the SPEC 4 baseline), same API.
+:class:`IIDSampler` -- uniform over entries with replacement (the IID archive-replay baseline), same API.
 
 Both checkpoint their complete state (counts, bucket order, generator state) in a JSON-ready
 ``state_dict()``; loading it into a sampler over the same archive continues with identical draws.

@@ -1,4 +1,4 @@
-"""MAP-Elites search with a frozen base model: builds the frozen EliteReplay archive (SPEC 2.3, 2.5).
+"""MAP-Elites search with a frozen base model: builds the frozen EliteReplay archive.
 
     python -m verl_replay.elite.search --data train.parquet --model PATH --out archive.parquet \
         [--backend hf|vllm] [--seeds-per-question 8] [--mutations-per-question 16] [--rounds 4] \

@@ -1,4 +1,4 @@
-"""Mutation prompts of the MAP-Elites search (SPEC 2.3).
+"""Mutation prompts of the MAP-Elites search.
 
 A mutation prompt is the question's own dataset prompt (for SQL it already holds the schema,
 the question, the evidence and the answer-format instruction) with a *mutation block*

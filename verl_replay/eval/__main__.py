@@ -1,4 +1,4 @@
-"""``python -m verl_replay.eval``: sample, verify and report pass@k / Mean@n / Best@n (SPEC 3).
+"""``python -m verl_replay.eval``: sample, verify and report pass@k / Mean@n / Best@n.
 
 Example (tiny CPU run)::
 

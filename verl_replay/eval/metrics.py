@@ -1,4 +1,4 @@
-"""Evaluation metrics (SPEC 3): pass@k, Mean@n / Best@n, averages over benchmarks, distinct
+"""Evaluation metrics: pass@k, Mean@n / Best@n, averages over benchmarks, distinct
 correct strategies, AmbiQT coverage. Pure functions over numbers, booleans and strings.
 
 Correctness inputs are "per question, per sample" booleans: a 2-D array ``[Q, n]`` or a ragged
@@ -121,7 +121,7 @@ def _finite_scores(per_benchmark: Mapping[str, float], name: str) -> dict[str, f
 
 
 def macro_average(per_benchmark: Mapping[str, float]) -> float:
-    """Unweighted mean over benchmarks (the SPEC's "Avg")."""
+    """Unweighted mean over benchmarks (the papers' "Avg")."""
     scores = _finite_scores(per_benchmark, "macro_average")
     return sum(scores.values()) / len(scores)
 
@@ -144,7 +144,7 @@ def distinct_correct_strategies(
     *,
     skeleton: Callable[[Any], str | None] | None = None,
 ) -> int:
-    """Number of distinct strategy skeletons among one question's correct samples (SPEC 3).
+    """Number of distinct strategy skeletons among one question's correct samples.
 
     ``samples`` are skeleton strings, or raw samples when ``skeleton`` (e.g.
     ``verl_replay.sql_skeleton``) is given; it is then applied to correct samples only. A

@@ -184,7 +184,7 @@ def _count(value: float | None) -> str:
 def format_table(doc: Mapping[str, Any]) -> str:
     """A Markdown table, padded so that it also reads aligned as plain text.
 
-    One row per benchmark, then ``Avg (macro)`` (unweighted mean over benchmarks, the SPEC's
+    One row per benchmark, then ``Avg (macro)`` (unweighted mean over benchmarks, the papers'
     Avg) and ``Avg (weighted)`` (by question count). pass@k, Mean@n, Best@n and AmbiQT
     coverage are percentages; ``strategies`` is the mean number of distinct correct SQL
     skeletons per question. ``-``: not defined for that benchmark.

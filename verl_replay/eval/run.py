@@ -1,4 +1,4 @@
-"""Evaluation run (SPEC 3): sample ``n`` responses per question, verify them, aggregate metrics.
+"""Evaluation run: sample ``n`` responses per question, verify them, aggregate metrics.
 
 Pipeline of :func:`evaluate`:
 

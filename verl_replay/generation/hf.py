@@ -1,4 +1,4 @@
-"""transformers ``generate`` backend: CPU tests and small local runs (SPEC 2.3).
+"""transformers ``generate`` backend: CPU tests and small local runs.
 
 Sampling is exactly temperature + top-p (top-k off, no repetition penalty): the model's own
 ``generation_config`` defaults (e.g. Qwen's top_k=20, repetition_penalty=1.05) are replaced at

@@ -1,4 +1,4 @@
-"""vLLM offline-engine backend (GPU recipes; SPEC 2.3), written against vLLM 0.24's public API:
+"""vLLM offline-engine backend (GPU recipes: archive search and evaluation), written against vLLM 0.24's public API:
 ``vllm.LLM``, ``LLM.generate(prompts, sampling_params, use_tqdm=...)``, ``vllm.SamplingParams``,
 ``LLM.get_tokenizer()`` and ``RequestOutput.outputs[i]`` (``text``, ``token_ids``, ``logprobs``,
 ``finish_reason``).

@@ -1,4 +1,4 @@
-"""Headroom-Drift Replay, pure core (torch/numpy/stdlib only; SPEC section 1).
+"""Headroom-Drift Replay, pure core (torch/numpy/stdlib only).
 
 * :mod:`~verl_replay.headroom_drift.scores`: Headroom, Policy Drift, replay KL (padded and ragged).
 * :mod:`~verl_replay.headroom_drift.buffer`: ``ReplayGroup``, ``HeadroomDriftBuffer``,

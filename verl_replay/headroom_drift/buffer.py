@@ -1,4 +1,4 @@
-"""Replay buffers for GRPO groups: Headroom-Drift (SPEC 1.3-1.5) and a naive recency baseline.
+"""Replay buffers for GRPO groups: Headroom-Drift and a naive recency baseline.
 
 Data layout
 -----------
@@ -585,7 +585,7 @@ class SelectionResult:
     step: int
     groups: list[ReplayGroup]  # accepted groups, acceptance order (= rank order)
     records: list[ScanRecord]  # every scanned group, rank order
-    stats: dict[str, float]  # SPEC 1.5 metrics without the "replay/" prefix
+    stats: dict[str, float]  # the step's replay metrics without the "replay/" prefix
     scorer_calls: int = 0  # forward chunks used (depends on the chunk size)
     scored_groups: int = 0  # groups given to the scorer (>= scanned: unused last-chunk tail)
     chunk_groups: tuple[int, ...] = ()  # groups given to the scorer, per call
@@ -786,7 +786,7 @@ class _FifoReplayStore:
     # -- ingress -------------------------------------------------------------------------------
 
     def passes_ingress(self, group: ReplayGroup) -> bool:
-        """SPEC 1.4: answers disagree (0 < sum c_i < n), or some A_i != 0."""
+        """Ingress rule: answers disagree (0 < sum c_i < n), or some A_i != 0."""
         return self._passes(group.num_correct, group.n, group.advantages)
 
     def _passes(self, num_correct: int, n: int, advantages: Tensor) -> bool:
@@ -797,7 +797,7 @@ class _FifoReplayStore:
     def admit(
         self, groups: Sequence[ReplayGroup], step: int, generated_versions: Sequence[int] | None = None
     ) -> dict[str, Any]:
-        """Ingress after the update (SPEC 1.4); evicts the oldest groups beyond capacity.
+        """Ingress after the update; evicts the oldest groups beyond capacity.
 
         ``generated_versions[i]``: the weight version that generated ``groups[i]`` (see Ages in
         the module docstring), at most ``step - 1``: a group cannot come from weights that
@@ -1125,7 +1125,7 @@ def scan_chunk_multiple(rows_per_group: int, row_multiple: int) -> int:
 
 
 class HeadroomDriftBuffer(_FifoReplayStore):
-    """Headroom-ranked, Policy-Drift-gated replay of whole GRPO groups (SPEC 1.3-1.5).
+    """Headroom-ranked, Policy-Drift-gated replay of whole GRPO groups.
 
     Args (keyword-only):
         capacity: maximum number of groups (FIFO eviction of the oldest).
@@ -1256,7 +1256,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         return min(-(-want // multiple) * multiple, left)
 
     def select(self, step: int, scorer: Scorer, *, chunk_multiple: int = 1) -> SelectionResult:
-        """Pick up to K_rep replay groups for ``step`` (SPEC 1.3); call before ``admit``.
+        """Pick up to K_rep replay groups for ``step``; call before ``admit``.
 
         Scans candidates by cached Headroom (desc; ties newer birth step, then earlier
         insertion), one scorer call per chunk; refreshes the cached Headroom of every scanned

@@ -1,4 +1,4 @@
-"""JSONL event log of the replay buffer (SPEC 1.5).
+"""JSONL event log of the replay buffer.
 
 One JSON object per line, each with an ``"event"`` field:
 

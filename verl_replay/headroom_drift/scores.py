@@ -1,4 +1,4 @@
-"""Headroom, Policy Drift and replay KL (SPEC section 1.1 and 1.2).
+"""Headroom, Policy Drift and replay KL.
 
 Two layouts are supported:
 
@@ -22,7 +22,7 @@ Degenerate cases (documented choices):
 
 * a response with no valid token carries no direction and is left out of Headroom, like a
   response with ``A_i == 0`` (or NaN);
-* a group with no directional response has Headroom 0 (SPEC 1.1);
+* a group with no directional response has Headroom 0;
 * a group with no valid token has drift 0 and replay KL 0.
 
 Determinism: the ``*_flat`` functions and :func:`group_scores_flat` compute a group from its
@@ -192,7 +192,7 @@ def headroom(
     advantages: Tensor,  # [G, n] response-level advantages A_i
     weighting: str = "sign",
 ) -> Tensor:  # [G] float32, in [0, 1]
-    """Headroom H(g; l) of each group (SPEC 1.1).
+    """Headroom H(g; l) of each group.
 
     Per token p = exp(l): h = 1 - p if A_i > 0, h = p if A_i < 0. Per response: mean of h over
     valid tokens. Per group: mean over responses with A_i != 0 weighted by w_i = 1 ("sign") or
@@ -236,7 +236,7 @@ def policy_drift(
     response_mask: Tensor,  # [G, n, T]
     norm: str = "l2",
 ) -> Tensor:  # [G] float32, >= 0
-    """Policy Drift of each group over all its valid tokens (SPEC 1.2).
+    """Policy Drift of each group over all its valid tokens.
 
     ``l2``: sqrt(mean r^2); ``l1``: mean |r|; r = l_theta - l_gen. 0 for a group without tokens.
     """

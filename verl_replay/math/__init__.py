@@ -1,5 +1,5 @@
-"""Math descriptors for EliteReplay: approach vocabulary, keyword labeler, answer-form descriptor
-(SPEC 2.2, last bullet). The math verifier is :mod:`verl_replay.verifiers.math`, next to the SQL
+"""Math descriptors for EliteReplay: approach vocabulary, keyword labeler, answer-form descriptor.
+The math verifier is :mod:`verl_replay.verifiers.math`, next to the SQL
 one; the math readers are in :mod:`verl_replay.data` (``math_benchmarks``, ``tiny_math``).
 Names resolve lazily, like :mod:`verl_replay.sql`.
 """

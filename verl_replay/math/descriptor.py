@@ -1,4 +1,4 @@
-"""Math archive-cell descriptors (SPEC 2.2, last bullet; the implementation choice is ours).
+"""Math archive-cell descriptors.
 
 * Approach: a reviewed vocabulary (:data:`MATH_APPROACHES`) and a deterministic keyword labeler
   over the solution text (:class:`MathKeywordLabeler`). Each approach has a few regular

@@ -1,5 +1,5 @@
 """SQL descriptors for EliteReplay: strategy skeleton, structural descriptor, approach labelers,
-approach vocabularies (SPEC 2.2). Names are resolved lazily so that importing a light module
+approach vocabularies. Names are resolved lazily so that importing a light module
 (e.g. ``verl_replay.sql.vocabulary``) does not import sqlglot.
 """
 

@@ -1,4 +1,4 @@
-"""Coarse structural descriptor of a SQL query: the second half of an archive cell key (SPEC 2.2).
+"""Coarse structural descriptor of a SQL query: the second half of an archive cell key.
 
 The descriptor is deliberately coarse (a MAP-Elites cell should hold a *family* of solutions):
 

@@ -1,4 +1,4 @@
-"""Offline approach-vocabulary induction (SPEC 2.2): the frozen model names the strategy of each
+"""Offline approach-vocabulary induction: the frozen model names the strategy of each
 seed solution; names are normalised, merged and counted; the result is written as YAML with
 ``reviewed: false`` for a human to edit before it is used.
 

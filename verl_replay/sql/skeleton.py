@@ -1,4 +1,4 @@
-"""Canonical AST skeleton of a SQL query: the *strategy identity* used by evaluation (SPEC 2.2).
+"""Canonical AST skeleton of a SQL query: the *strategy identity* used by evaluation.
 
 Two queries get the same skeleton iff they have the same shape after we forget *which* tables,
 columns and constants they mention and *how* they were spelled. The pipeline is:

@@ -1,4 +1,4 @@
-"""Result comparison of the official BIRD and Spider evaluators, re-implemented (SPEC 2.4).
+"""Result comparison of the official BIRD and Spider evaluators, re-implemented.
 
 ``verify_sql`` executes both queries and hands the rows to :func:`results_match`. What each
 semantics means, as the official scripts define it:

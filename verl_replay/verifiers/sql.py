@@ -1,4 +1,4 @@
-"""Execution-based text-to-SQL verification against a SQLite database (SPEC 2.4).
+"""Execution-based text-to-SQL verification against a SQLite database.
 
 ``verify_sql`` runs the gold query and the (untrusted) predicted query against the question's
 database and compares their results with the official BIRD or Spider semantics
@@ -321,7 +321,7 @@ def verify_sql(
 ) -> SQLVerification:
     """Execute ``predicted_sql`` and ``gold_sql`` on ``db_path`` (read-only) and compare.
 
-    ``semantics`` (SPEC 2.4; :mod:`verl_replay.verifiers.compare`):
+    ``semantics`` (:mod:`verl_replay.verifiers.compare`):
 
     - ``"bird"``: the official BIRD evaluator, ``set(predicted) == set(gold)``; column order
       matters, duplicates and row order do not.

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from verl_replay.config import ReplayConfig
 from verl_replay.integrations.verl.console import (
     DriftFloorWatch,
+    StartupWatch,
     StepFollower,
     describe_failure,
     quiet_logger_backends,
@@ -48,6 +49,15 @@ def test_plain_grpo_shows_score_losses_length_and_time():
     ]
     fields = step_fields({**STEP, "response_length/clip_ratio": 0.0}, ReplayConfig.from_mapping(None))
     assert ("trunc", 0.0) in fields
+
+
+def test_lost_and_padded_rollouts_show_only_when_a_step_had_them():
+    clean = {**STEP, "rollout/expected": 16, "rollout/lost": 0, "rollout/padding_rows": 4}
+    clean["rollout/planned_padding_rows"] = 4  # the replay mini-batch plan's own padding is not news
+    labels = [label for label, _ in step_fields(clean, ReplayConfig.from_mapping(None))]
+    assert "lost" not in labels and "padded" not in labels
+    fields = dict(step_fields({**clean, "rollout/lost": 1, "rollout/padding_rows": 5}, ReplayConfig.from_mapping(None)))
+    assert fields["lost"] == "1/16" and fields["padded"] == 1
 
 
 def test_replay_summary_follows_the_strategy():
@@ -168,3 +178,23 @@ def test_follower_starts_over_when_the_file_is_truncated(tmp_path):
     path.write_text(json.dumps({"step": 1, "data": {}}) + "\n")
     follower.poll()
     assert steps == [5, 6, 1]
+
+
+def test_startup_watch_names_what_the_run_waits_for(tmp_path):
+    log = tmp_path / "verl.log"
+    watch = StartupWatch(log)
+    assert watch.poll() == "starting Ray"  # no log yet
+    log.write_text("2026-12-02 18:43:26,662\tINFO worker.py:2038 -- Started a local Ray ")
+    assert watch.poll() == "starting Ray"
+    with open(log, "a") as handle:
+        handle.write("instance.\n")  # the marker completed by the next write
+    assert watch.poll() == "starting the trainer"
+    with open(log, "a") as handle:
+        handle.write("(ReplayTaskRunner pid=10482) INFO: ... actor and ref model engine initialized\n")
+    assert watch.poll() == "starting the rollout and reward workers"
+    with open(log, "a") as handle:
+        handle.write("(ReplayTaskRunner pid=10482) INFO: all initialize finished, ready to fit\n")
+    assert watch.poll() == "running step 1"
+    with open(log, "a") as handle:
+        handle.write("(ReplayTaskRunner pid=10482) Started a local Ray instance\n")
+    assert watch.poll() == "running step 1"  # stages never go back

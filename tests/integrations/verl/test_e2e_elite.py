@@ -26,5 +26,5 @@ def test_archive_mismatch_fails_at_start_up(run_main, tiny_archive, tmp_path):
         check=False,
         timeout=600,
     )
-    assert run.returncode != 0
-    assert "was built from" in run.output and "build the archive from the training parquet" in run.output
+    assert run.returncode == 2
+    assert f"{tiny_archive} is a sql archive and this run trains tiny_task=math; add tiny_task=sql" in run.output

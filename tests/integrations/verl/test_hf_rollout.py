@@ -16,6 +16,7 @@ from verl_replay.integrations.verl.hf_rollout import (
     concurrent_sequences,
     filter_top_k_top_p,
     request_seed,
+    unsampleable_token_ids,
 )
 
 
@@ -56,6 +57,29 @@ def test_seeded_sampler_returns_one_hot_and_unfiltered_log_probs():
     # the chosen token is always inside the top-k / top-p set
     allowed = torch.isfinite(filter_top_k_top_p(scores / 0.7, 5, 0.9))
     assert allowed.gather(-1, chosen[:, None]).all()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_seeded_sampler_never_samples_a_banned_id_and_reports_full_log_probs(temperature):
+    scores = torch.zeros(4, 9)
+    scores[:, 5] = 50.0  # a media placeholder the random model prefers
+    scores[:, 8] = 40.0  # an id past the tokenizer's vocabulary
+    sampler = SeededSampler(
+        [torch.Generator().manual_seed(i) for i in range(4)], temperature, top_k=-1, top_p=1.0, banned_ids=[5, 8]
+    )
+    for _ in range(20):
+        chosen = sampler(torch.zeros(4, 1, dtype=torch.long), scores).argmax(dim=-1)
+        assert not torch.isin(chosen, torch.tensor([5, 8])).any()
+    scale = temperature if temperature > 0 else 1.0
+    # log-probs of the full distribution (what verl's actor recomputes), not of the allowed ids
+    expected = torch.log_softmax(scores / scale, dim=-1).gather(-1, chosen[:, None])[:, 0]
+    torch.testing.assert_close(sampler.step_log_probs[-1], expected)
+
+
+def test_unsampleable_ids_are_the_media_placeholders_and_the_vocabulary_tail():
+    config = SimpleNamespace(image_token_id=5, video_token_id=6, vision_start_token_id=3, vision_end_token_id=4)
+    assert unsampleable_token_ids(config, tokenizer_size=10, logits_size=12) == [3, 4, 5, 6, 10, 11]
+    assert unsampleable_token_ids(SimpleNamespace(), tokenizer_size=12, logits_size=12) == []
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +124,18 @@ def test_server_loads_the_class_verl_trains(server, tiny_assets):
     # verl's actor: get_hf_auto_model_class(config).from_pretrained(...) (engine/fsdp)
     assert get_hf_auto_model_class(config).__name__ == "AutoModelForImageTextToText"
     assert type(server.model).__name__ == config.architectures[0] == "Qwen3_5ForConditionalGeneration"
+
+
+def test_server_never_samples_the_tiny_models_media_placeholders(server, tiny_assets):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets.model_dir)
+    media = {
+        tokenizer.convert_tokens_to_ids(t)
+        for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+    }
+    assert media <= set(server.banned_ids)
+    assert not set(server.eos_token_ids) & set(server.banned_ids)
 
 
 def test_log_probs_match_an_mrope_teacher_forced_forward(server, tiny_assets):

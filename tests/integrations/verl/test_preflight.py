@@ -349,6 +349,10 @@ def test_settings_that_fail_later(tmp_path):
     assert _by_name(pf.run_checks(bypass, MachineProbe(free_disk=10**13))[0])["offload"].status == pf.OK
     caching = paper_config(tmp_path, **{"actor_rollout_ref.rollout.enable_prefix_caching": True})
     assert _by_name(pf.run_checks(caching, MachineProbe(free_disk=10**13))[0])["prefix caching"].status == pf.WARN
+    on_cpu = paper_config(
+        tmp_path, **{"actor_rollout_ref.rollout.enable_prefix_caching": True, "trainer.device": "cpu"}
+    )
+    assert "prefix caching" not in _by_name(pf.run_checks(on_cpu, MachineProbe(free_disk=10**13))[0])
     naive = paper_config(tmp_path, **{"actor_rollout_ref.rollout.checkpoint_engine.backend": "naive"})
     assert _by_name(pf.run_checks(naive, MachineProbe())[0])["weight sync"].status == pf.FAIL
 

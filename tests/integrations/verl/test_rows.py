@@ -7,10 +7,13 @@ import pytest
 import torch
 
 from verl_replay.integrations.verl.rows import (
+    REPLAY_SOURCE_FIELD,
+    SOURCE_GROUP_REPLAY,
     GroupNotReplayable,
     correctness_bit,
     group_keys_by_uid,
     group_to_rows,
+    rollout_counts,
     rows_to_group,
     split_rows,
 )
@@ -189,3 +192,17 @@ def test_reference_log_probs_are_kept_for_a_kl_loss(group_rows):
     torch.testing.assert_close(group.meta[REF_LOG_PROBS_META], torch.cat([r["ref_log_prob"] for r in group_rows]))
     rows = group_to_rows(group, uid="x", global_steps=0)
     assert all("ref_log_prob" not in row for row in rows)  # written after verl's ref stage, not injected
+
+
+def test_rollout_counts_tell_lost_fresh_rows_from_padding_and_replay():
+    fresh = [{} for _ in range(15)]
+    replayed = [{REPLAY_SOURCE_FIELD: SOURCE_GROUP_REPLAY} for _ in range(8)]
+    padding = [{"is_padding": True}]
+    assert rollout_counts(fresh + replayed + padding, expected=16) == {
+        "rollout/expected": 16,
+        "rollout/lost": 1,
+        "rollout/padding_rows": 1,
+        "rollout/planned_padding_rows": 0,
+    }
+    assert rollout_counts(fresh + padding, expected=16, planned_padding=1)["rollout/planned_padding_rows"] == 1
+    assert rollout_counts([{} for _ in range(16)], expected=16)["rollout/lost"] == 0

@@ -152,3 +152,14 @@ def test_the_update_runs_every_mini_batch_once_per_epoch_and_carries_extra_info(
     assert "meta_info = copy.deepcopy(meta.extra_info)" in inspect.getsource(
         transferqueue_utils._async_meta_to_realdata
     )
+
+
+def test_trackings_file_backend_is_built_from_the_module_name_we_replace():
+    """install_whole_line_file_logger swaps verl.utils.tracking.FileLogger: Tracking must build its
+    file backend through that module-level name, with (project_name, experiment_name)."""
+    import verl.utils.tracking as tracking
+
+    assert inspect.signature(tracking.FileLogger.__init__).parameters.keys() >= {"project_name", "experiment_name"}
+    source = inspect.getsource(tracking.Tracking.__init__)
+    assert 'self.logger["file"] = FileLogger(project_name, experiment_name)' in source
+    assert {"log", "finish"} <= set(vars(tracking.FileLogger))

@@ -1,6 +1,6 @@
 """The actor loss verl_replay installs on every worker (``actor_rollout_wg.set_loss_fn``).
 
-    L = (1 - mu) * L_GRPO + mu * L_replay                                    (SPEC 2.6)
+    L = (1 - mu) * L_GRPO + mu * L_replay
 
 ``L_GRPO`` is verl's own ``ppo_loss`` over the fresh (and group-replayed) rows: elite rows are
 masked out of it, out of its token count (their ``loss_mask`` is 0, and verl counts

@@ -34,6 +34,7 @@ from verl_replay.console import format_value
 
 __all__ = [
     "DriftFloorWatch",
+    "StartupWatch",
     "StepFollower",
     "describe_failure",
     "quiet_logger_backends",
@@ -72,9 +73,16 @@ ELITE_FIELDS: tuple[tuple[str, str], ...] = (
 
 def step_fields(data: Mapping[str, Any], replay: ReplayConfig, *, split: bool = False) -> list[tuple[str, Any]]:
     """The (label, value) pairs of one step's compact line: score, pg loss, grad norm, response
-    length, truncation rate, the fresh rows' staleness (``split``: split placement), the replay
-    summary of the run's strategy (with the drift floor next to tau), and the step time."""
+    length, truncation rate, rollouts lost / padding rows (when any), the fresh rows' staleness
+    (``split``: split placement), the replay summary of the run's strategy (with the drift floor
+    next to tau), and the step time."""
     fields = [(label, data[key]) for label, key in CORE_FIELDS if key in data]
+    # rollouts the step lost (its score covers fewer) or padded: shown only when it happened
+    if data.get("rollout/lost"):
+        fields.append(("lost", f"{int(data['rollout/lost'])}/{int(data.get('rollout/expected', 0))}"))
+    unplanned = int(data.get("rollout/padding_rows", 0)) - int(data.get("rollout/planned_padding_rows", 0))
+    if unplanned > 0:  # rows verl padded beyond the replay mini-batch plan's: made up for lost rollouts
+        fields.append(("padded", unplanned))
     if split and STALENESS_FIELD[1] in data:
         fields.append((STALENESS_FIELD[0], data[STALENESS_FIELD[1]]))
     if replay.uses_group_buffer and "replay/accepted" in data:
@@ -151,6 +159,49 @@ def describe_failure(error: BaseException) -> str:
     cause = cause if isinstance(cause, BaseException) else error
     lines = [line for line in str(cause).strip().splitlines() if line.strip()]
     return f"{type(cause).__name__}: {lines[0].strip()}" if lines else type(cause).__name__
+
+
+# What a run waits for before its first step, by the verl.log lines that end each stage (in order).
+STARTUP_STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("starting Ray", ()),
+    ("starting the trainer", ("Started a local Ray instance", "Connected to Ray cluster")),
+    ("starting the training workers", ("(ReplayTaskRunner pid=",)),
+    ("starting the rollout and reward workers", ("actor and ref model engine initialized",)),
+    ("running step 1", ("all initialize finished, ready to fit",)),
+)
+
+
+class StartupWatch:
+    """Which start-up stage a run is in, read from the new text of its ``verl.log``."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = Path(log_path)
+        self.stage = 0
+        self._offset: Optional[int] = None
+        self._tail = ""
+
+    def poll(self) -> str:
+        """The current stage's description (``starting Ray`` ... ``running step 1``)."""
+        try:
+            size = self.log_path.stat().st_size
+            if self._offset is None:
+                self._offset = 0
+            if size > self._offset:
+                with open(self.log_path, "rb") as handle:
+                    handle.seek(self._offset)
+                    text = handle.read(size - self._offset).decode("utf-8", "replace")
+                self._offset = size
+                self._advance(self._tail + text)
+                self._tail = text[-200:]  # a marker split across two reads
+        except OSError:
+            pass
+        return STARTUP_STAGES[self.stage][0]
+
+    def _advance(self, text: str) -> None:
+        for index in range(len(STARTUP_STAGES) - 1, self.stage, -1):
+            if any(marker in text for marker in STARTUP_STAGES[index][1]):
+                self.stage = index
+                return
 
 
 class StepFollower:

@@ -1,4 +1,4 @@
-"""EliteReplay inside verl's global step: frozen-archive rows added to every step (SPEC 2.5-2.6).
+"""EliteReplay inside verl's global step: frozen-archive rows added to every step.
 
 Each global step, the sampler draws ``replay.elite.batch_size`` archive entries (balanced over
 questions, then cells; or IID for the baseline), spread over the step's update rounds; they join

@@ -1,7 +1,7 @@
 """Headroom-Drift (and naive) group replay inside verl's v1 global step, over TransferQueue.
 
 Driven by the trainer hooks in ``trainer.py`` through the :class:`ReplayStream` interface
-(``streams.py``), once per global step (SPEC 1.3-1.6):
+(``streams.py``), once per global step:
 
 1. ``begin_step`` (first round, before balancing): ``buffer.select`` ranks the groups admitted
    before this global step and scans them with teacher-forced forwards of the current policy
@@ -488,7 +488,7 @@ class GroupReplayStream(ReplayStream):
         )
 
     def _passes_ingress(self, rows: list[dict[str, Any]]) -> bool:
-        """SPEC 1.4 on the decision fields: disagreeing answers (or a non-zero advantage), never a
+        """The ingress rule on the decision fields: disagreeing answers (or a non-zero advantage), never a
         group whose advantages are all zero."""
         advantages = [
             float(torch.as_tensor(r["advantages"]).float().abs().max())

@@ -14,6 +14,14 @@ as ``old_log_probs``, so rollout-vs-actor log-prob differences only measure the 
 Sampling is seeded per request from
 ``(seed, weight version, prompt ids, occurrence of that prompt)`` so a run is reproducible
 whatever order concurrent requests arrive in.
+
+A text response never contains the model's media placeholders (``<|image_pad|>``,
+``<|video_pad|>``, ``<|vision_start|>`` ...) nor ids past the tokenizer's vocabulary (the padded
+tail of the embedding matrix): verl's agent loop hands every response back to the processor, whose
+M-RoPE index reads a placeholder as an image with no grid and fails, and verl then drops the rollout
+and pads the batch with a synthetic row. A trained model never samples them; a tiny random one
+does, so they are excluded from sampling (:func:`unsampleable_token_ids`). The reported log-probs
+stay those of the full distribution, the quantity verl's actor recomputes.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterable, Optional
+from typing import Any, AsyncIterator, Iterable, Optional, Sequence
 
 import ray
 import torch
@@ -39,6 +47,26 @@ HF_ROLLOUT_NAME = "hf"
 BATCH_WINDOW_S = 0.02
 # verl's RolloutConfig.max_num_seqs default, for configs that do not carry the key
 DEFAULT_MAX_NUM_SEQS = 1024
+# A model config's placeholder ids for media inside a prompt (Qwen-VL family, Qwen3.5 included):
+# a text response must never contain one.
+MEDIA_TOKEN_ID_KEYS = (
+    "image_token_id",
+    "video_token_id",
+    "audio_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+    "vision_token_id",
+    "audio_start_token_id",
+    "audio_end_token_id",
+)
+
+
+def unsampleable_token_ids(model_config: Any, tokenizer_size: int, logits_size: int) -> list[int]:
+    """Ids a text response must not contain: the media placeholders the model config names and
+    the ids from the tokenizer's size up to the logits' width (no token behind them)."""
+    ids = {int(v) for v in (getattr(model_config, key, None) for key in MEDIA_TOKEN_ID_KEYS) if v is not None}
+    ids.update(range(int(tokenizer_size), int(logits_size)))
+    return sorted(i for i in ids if 0 <= i < logits_size)
 
 
 def request_seed(base_seed: int, weight_version: Optional[int], prompt_ids: list[int], occurrence: int) -> int:
@@ -72,22 +100,33 @@ class SeededSampler:
     ``generate`` runs greedy decoding over it, which picks exactly that token.
     """
 
-    def __init__(self, generators: list[torch.Generator], temperature: float, top_k: int, top_p: float):
+    def __init__(
+        self,
+        generators: list[torch.Generator],
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        banned_ids: Sequence[int] = (),
+    ):
         self.generators = generators
         self.temperature = temperature
         self.top_k = top_k
         self.top_p = top_p
+        self.banned_ids = torch.tensor(sorted(set(banned_ids)), dtype=torch.long)  # never sampled
         self.step_log_probs: list[torch.Tensor] = []  # each [B]
+
+    def _allowed(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.index_fill(-1, self.banned_ids, float("-inf")) if len(self.banned_ids) else logits
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         logits = scores.float()  # [B, V]
         if self.temperature <= 0:
-            chosen = logits.argmax(dim=-1)  # [B]
+            chosen = self._allowed(logits).argmax(dim=-1)  # [B]
             log_probs = torch.log_softmax(logits, dim=-1)
         else:
             scaled = logits / self.temperature
-            log_probs = torch.log_softmax(scaled, dim=-1)  # [B, V]
-            probs = torch.softmax(filter_top_k_top_p(scaled, self.top_k, self.top_p), dim=-1)
+            log_probs = torch.log_softmax(scaled, dim=-1)  # [B, V], of the full distribution
+            probs = torch.softmax(filter_top_k_top_p(self._allowed(scaled), self.top_k, self.top_p), dim=-1)
             chosen = torch.stack(
                 [torch.multinomial(probs[row], 1, generator=gen)[0] for row, gen in enumerate(self.generators)]
             )  # [B]
@@ -153,6 +192,9 @@ class HFRolloutServer:
         tokenizer = model_config.tokenizer
         self.model_config_tokenizer = tokenizer
         self.eos_token_ids = self._eos_ids(self.model, tokenizer)
+        self.banned_ids = unsampleable_token_ids(
+            self.model.config, len(tokenizer), self.model.get_output_embeddings().weight.shape[0]
+        )
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self._occurrences: dict[tuple, int] = defaultdict(int)
         self._pending: list[_Request] = []
@@ -242,6 +284,7 @@ class HFRolloutServer:
             temperature=first.temperature,
             top_k=first.top_k,
             top_p=first.top_p,
+            banned_ids=self.banned_ids,
         )
         from transformers import GenerationConfig, LogitsProcessorList
 

@@ -747,6 +747,7 @@ def _check_settings(
         shape is not None
         and shape.linear_attention_layers
         and config_value(config, "actor_rollout_ref.rollout.enable_prefix_caching", False)
+        and config_value(config, "trainer.device", "cuda") != "cpu"  # vLLM's setting; the CPU rollout has no cache
     ):
         checks.append(
             Check(

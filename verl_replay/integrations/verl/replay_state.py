@@ -125,6 +125,33 @@ def check_state_manifest(
     return True
 
 
+def changed_settings(
+    folder: str | os.PathLike, *, identity: Mapping[str, Any], settings: Mapping[str, Any]
+) -> Optional[list[tuple[str, Any, Any]]]:
+    """``(key, saved, now)`` for every identity key and ``replay.<key>`` setting the state in
+    ``folder`` was saved with and this run changes; None when ``folder`` holds no state. Reads the
+    manifest only: the driver calls it before anything starts (the trainer checks the files too)."""
+    manifest_path = Path(folder) / STATE_MANIFEST
+    if not manifest_path.is_file():
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise ReplayStateError(f"{manifest_path} is corrupted ({error})") from None
+    changed = [
+        (key, saved, identity.get(key))
+        for key, saved in sorted(manifest.get("identity", {}).items())
+        if key in identity and identity[key] != saved
+    ]
+    saved_settings = manifest.get("settings", {})
+    changed += [
+        (f"replay.{key}", saved_settings.get(key), settings.get(key))
+        for key in sorted(set(saved_settings) | set(settings))
+        if saved_settings.get(key) != settings.get(key)
+    ]
+    return changed
+
+
 def prune_orphaned_states(
     checkpoint_root: str | os.PathLike, state_dir: str, keep_step: Optional[int] = None
 ) -> list[Path]:

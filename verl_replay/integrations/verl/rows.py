@@ -69,6 +69,21 @@ def is_fresh(tag: Mapping[str, Any]) -> bool:
     return not tag.get("is_padding", False) and tag.get(REPLAY_SOURCE_FIELD, SOURCE_FRESH) == SOURCE_FRESH
 
 
+def rollout_counts(tags: Sequence[Mapping[str, Any]], expected: int, planned_padding: int = 0) -> dict[str, int]:
+    """A step's fresh rollouts: ``expected`` (prompts x responses per prompt), ``lost`` (expected but
+    not in the update: verl's agent loop drops a rollout whose post-processing fails), the synthetic
+    ``padding_rows`` of the update (they carry no gradient) and, of those, the ones the replay
+    mini-batch plan asked for (``planned_padding_rows``); verl pads the rest to make up for lost rows."""
+    fresh = sum(1 for tag in tags if is_fresh(tag))
+    padding = sum(1 for tag in tags if tag.get("is_padding", False))
+    return {
+        "rollout/expected": int(expected),
+        "rollout/lost": max(0, int(expected) - fresh),
+        "rollout/padding_rows": padding,
+        "rollout/planned_padding_rows": int(planned_padding),
+    }
+
+
 def tensor_bytes(value: Any) -> bytes:
     """The raw bytes of a tensor: a cheap, exact sort key for token sequences."""
     return torch.as_tensor(value).contiguous().numpy().tobytes()
@@ -110,7 +125,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def correctness_bit(row: Mapping[str, Any]) -> bool:
-    """c_i from the reward's ``acc`` (SPEC 1.4: answer correctness, not ``score > 0``)."""
+    """c_i from the reward's ``acc`` (answer correctness, not ``score > 0``)."""
     extra = row.get("extra_fields") or {}
     info = extra.get("reward_extra_info") if isinstance(extra, Mapping) else None
     if not isinstance(info, Mapping) or "acc" not in info:
@@ -182,7 +197,7 @@ def rows_to_group(rows: Sequence[Mapping[str, Any]], *, anchor_field: str, requi
     """One GRPO group (the rows of one uid, session order) as a compact ``ReplayGroup``.
 
     ``anchor_field`` names the per-token log-probs stored as l_gen: ``old_log_probs`` in
-    synchronous training, ``rollout_log_probs`` in the asynchronous modes (SPEC 1.4).
+    synchronous training, ``rollout_log_probs`` in the asynchronous modes.
     Without ``require_acc`` (ingress by non-zero advantage), a reward without ``acc`` is allowed
     and the stored correctness bits fall back to ``score > 0`` (reported, not used for ingress).
     """
@@ -286,7 +301,7 @@ def group_to_rows(group: ReplayGroup, *, uid: str, global_steps: int) -> list[di
             loss_mask=row.pop("loss_mask", mask.clone()),
             rm_scores=row.pop("rm_scores", rebuilt.rm_scores),
             # The rollout log-probs of a replayed row are its anchor: with rollout correction on,
-            # its IS weight is exactly 1 (SPEC 1.3).
+            # its IS weight is exactly 1.
             rollout_log_probs=gen.clone(),
             uid=uid,
             session_id=i,

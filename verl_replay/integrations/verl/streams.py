@@ -1,4 +1,4 @@
-"""The interface the trainer drives for each replay stream, once per global step (SPEC 1.6).
+"""The interface the trainer drives for each replay stream, once per global step.
 
 A *global step* is one weight version: verl's ``separate_async`` trainer runs it as
 ``parameter_sync_step`` update rounds (``_step_once``), each on one fresh mini-batch; the

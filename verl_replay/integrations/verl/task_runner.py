@@ -5,7 +5,8 @@ string is read all over verl (``trainer_mode != "sync"``), so our trainers canno
 new mode names. This runner does what ``TaskRunnerV1.run`` does, resolving the trainer through
 ``replay_trainer_class(mode)`` instead; the agent loop manager is built by verl's own code.
 verl's runner pprints the whole config (~950 lines); this one does so only with ``verbose=true``
-(the driver writes the same config to ``<run_dir>/config.yaml``).
+(the driver writes the same config to ``<run_dir>/config.yaml``). ``metrics.jsonl`` is written
+by :mod:`~verl_replay.integrations.verl.metrics_file` (whole lines) instead of verl's file logger.
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ class ReplayTaskRunner:
         import transfer_queue as tq
         from verl.utils.logging_utils import configure_verl_logging
 
+        from verl_replay.integrations.verl.metrics_file import install_whole_line_file_logger
         from verl_replay.integrations.verl.trainer import replay_trainer_class
 
         configure_verl_logging()
+        install_whole_line_file_logger()  # metrics.jsonl: whole lines, appended
         trainer_cls = replay_trainer_class(config.trainer.v1.trainer_mode)
         config.transfer_queue.enable = True
         if config.get("verbose", False):

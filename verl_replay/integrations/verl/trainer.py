@@ -2,7 +2,7 @@
 
 The replay streams (``streams.py``: group replay, elite replay) plug into verl's step without
 copying ``fit()`` or ``_step_once``. A global step (one weight version; ``parameter_sync_step``
-update rounds under ``separate_async``, one round in ``sync``) is the replay step (SPEC 1.6):
+update rounds under ``separate_async``, one round in ``sync``) is the replay step:
 
 - ``step`` (wraps verl's): after the last round, each stream's ``end_step`` (ingress) and the
   step's ``replay/`` metrics, added after verl's per-round metrics aggregation so counts and
@@ -55,6 +55,7 @@ from verl_replay.integrations.verl.rows import (
     SOURCE_FRESH,
     SOURCE_GROUP_REPLAY,
     is_fresh,
+    rollout_counts,
     split_rows,
     tensor_bytes,
 )
@@ -129,6 +130,7 @@ class ReplayTrainerMixin:
         self.elite_replay = None  # built with the tokenizer, before any worker starts
         self._mini_batch_groups: Optional[int] = None
         self._padded_rows = 0
+        self._planned_padding = 0  # padding rows the mini-batch plans of this step's rounds asked for
         self._totals = _StepTotals()
         self._row_template: Optional[dict[str, Any]] = None  # a fresh row of this global step
         self._held_checkpoint: Optional[int] = None  # the global step whose save waits for its metrics line
@@ -205,7 +207,7 @@ class ReplayTrainerMixin:
     # ------------------------------------------------------------------ helpers
 
     def _anchor_field(self) -> str:
-        """l_gen: the trainer's old log-probs in sync mode, the rollout engine's otherwise (SPEC 1.4)."""
+        """l_gen: the trainer's old log-probs in sync mode, the rollout engine's otherwise."""
         if self.trainer_mode == "sync":
             return "old_log_probs"
         if not self.config.actor_rollout_ref.rollout.calculate_log_probs:
@@ -239,7 +241,7 @@ class ReplayTrainerMixin:
 
         ``replay.ppo_mini_batch_size`` when set: under ``separate_async`` verl ties
         ``actor.ppo_mini_batch_size`` to the round's fresh prompts, so this is how a replay run
-        keeps the optimiser-step size of its on-policy baseline (SPEC 1.6).
+        keeps the optimiser-step size of its on-policy baseline.
         """
         configured = self.replay_config.ppo_mini_batch_size
         return int(configured if configured is not None else self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
@@ -282,7 +284,10 @@ class ReplayTrainerMixin:
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         if not self._replay_active:
-            return super().step(metrics, timing_raw)
+            self._planned_padding = 0
+            batch = super().step(metrics, timing_raw)
+            metrics.update(self._rollout_counts(batch))
+            return batch
         self._hold_checkpoints_until_logged()
         if self._held_save_seconds:
             # the held save ran after the previous step's line: its time is reported with this step, as
@@ -291,6 +296,7 @@ class ReplayTrainerMixin:
                 timing_raw[name] = timing_raw.get(name, 0.0) + self._held_save_seconds
             self._held_save_seconds = 0.0
         self._totals = _StepTotals()
+        self._planned_padding = 0
         batch = super().step(metrics, timing_raw)
         # verl's aggregator has merged the rounds' metrics by now; replay's are totals of the step.
         for key in [k for k in metrics if k.startswith(LOSS_METRIC_PREFIX)]:
@@ -307,10 +313,16 @@ class ReplayTrainerMixin:
                 end_step_seconds=self._totals.replay_seconds - before,
             )
         )
+        metrics.update(self._rollout_counts(batch))
         warning = self._floor_watch.update(metrics) if self._floor_watch is not None else None
         if warning:
             logger.warning(warning)
         return batch
+
+    def _rollout_counts(self, batch: KVBatchMeta) -> dict[str, int]:
+        """Fresh rollouts expected, lost and padded this step (every round of it)."""
+        expected = int(self.config.data.train_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
+        return rollout_counts(batch.tags, expected, planned_padding=self._planned_padding)
 
     def _begin_replay_step(self) -> None:
         context = StepContext(
@@ -345,6 +357,7 @@ class ReplayTrainerMixin:
         )
         self._mini_batch_groups = plan.groups_per_mini_batch
         self._padded_rows = plan.padded_groups * plan.rows_per_group
+        self._planned_padding += plan.padding_rows
         # verl's worker runs every mini-batch once per PPO epoch, one optimiser step each
         self._totals.optimizer_steps += plan.num_mini_batches * int(self.config.actor_rollout_ref.actor.ppo_epochs)
         for tag in batch.tags:
@@ -550,7 +563,7 @@ class ReplayTrainerMixin:
         return batch
 
     def _fresh_rollout_corr_metrics(self, batch: KVBatchMeta) -> dict[str, float]:
-        """verl's ``rollout_corr/*`` metrics over the fresh rows only (SPEC 1.7): replayed and elite
+        """verl's ``rollout_corr/*`` metrics over the fresh rows only: replayed and elite
         rows have IS weight 1 and no off-policy gap, so over the whole batch they dilute them."""
         corr = self.config.algorithm.get("rollout_correction", None)
         if (
