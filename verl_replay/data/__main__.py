@@ -1,4 +1,4 @@
-"""``python -m verl_replay.data prepare {bird,spider,ambiqt,math,search,geo3k,tiny,tiny-search,tiny-image} --input DIR --output DIR``.
+"""``python -m verl_replay.data prepare DATASET --input DIR --output DIR`` (DATASET: see ``DATASETS``).
 
 Writes verl RL parquet files from a local benchmark download (nothing is downloaded) and
 prints what was written. Examples::

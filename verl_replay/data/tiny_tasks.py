@@ -171,9 +171,10 @@ def search_trajectories(hf_tok: Any, facts: Sequence[tuple[str, int]]) -> list[t
     gen_prompt = hf_tok.encode(f"{IM_START}assistant\n", add_special_tokens=False)
     out = []
     for thing, code in facts:
-        ids, mask = [], []
+        ids: list[int] = []
+        mask: list[int] = []
 
-        def add(tokens: list[int], trained: bool) -> None:
+        def add(tokens: list[int], trained: bool, ids: list[int] = ids, mask: list[int] = mask) -> None:
             ids.extend(tokens)
             mask.extend([int(trained)] * len(tokens))
 
@@ -278,9 +279,11 @@ def _image_batches(hf_tok: Any, image_processor: Any, examples: Sequence[tuple[b
             input_ids[row, : len(ids)] = torch.tensor(ids)
             attention_mask[row, : len(ids)] = 1
             labels[row, len(ids) - answer_len : len(ids)] = torch.tensor(ids[-answer_len:])
+        image_token = hf_tok.convert_tokens_to_ids(IMAGE_PAD)
         yield {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
+            "mm_token_type_ids": (input_ids == image_token).to(torch.int64),  # 1 = image token (M-RoPE)
             "labels": labels,
             "pixel_values": torch.cat([torch.as_tensor(features[i]["pixel_values"]) for i in picks]),
             "image_grid_thw": torch.cat([torch.as_tensor(features[i]["image_grid_thw"]) for i in picks]),

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 # verl's tool config entry for the search tool (verl_replay.integrations.verl.search_tool).
 SEARCH_TOOL_CLASS = "verl_replay.integrations.verl.search_tool.LocalSearchTool"
 SEARCH_TOOL_SCHEMA: dict[str, Any] = {
