@@ -24,6 +24,7 @@ resizes them; a video still needs torchvision.
 from __future__ import annotations
 
 import io
+import math
 from types import SimpleNamespace
 from typing import Any, Mapping, Optional, Sequence
 
@@ -137,11 +138,28 @@ def restore_prompt(messages: Sequence[Mapping[str, Any]], pngs: Sequence[torch.T
     return out
 
 
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """``qwen_vl_utils.smart_resize``: (height, width) in multiples of ``factor``, the pixel count
+    within [min_pixels, max_pixels], the aspect ratio kept as closely as possible."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
+    h_bar = max(factor, round(height / factor) * factor)
+    w_bar = max(factor, round(width / factor) * factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = math.floor(height / beta / factor) * factor
+        w_bar = math.floor(width / beta / factor) * factor
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
 def fetch_image(part: Mapping[str, Any], image_patch_size: int) -> Any:
     """``qwen_vl_utils.fetch_image`` for a local image part: RGB, resized to multiples of
     patch x merge within qwen_vl_utils' pixel bounds (or the part's min/max_pixels)."""
     from PIL import Image
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
     image = _part_image(part)
     if image.mode == "RGBA":
@@ -151,17 +169,13 @@ def fetch_image(part: Mapping[str, Any], image_patch_size: int) -> Any:
     else:
         image = image.convert("RGB")
     factor = int(image_patch_size * _SPATIAL_MERGE)
+    bounds = {"min_pixels": _MIN_TOKENS * factor**2, "max_pixels": _MAX_TOKENS * factor**2}
     if "resized_height" in part and "resized_width" in part:
-        height, width = smart_resize(part["resized_height"], part["resized_width"], factor=factor)
+        height, width = smart_resize(int(part["resized_height"]), int(part["resized_width"]), factor, **bounds)
     else:
         width, height = image.size
-        height, width = smart_resize(
-            height,
-            width,
-            factor=factor,
-            min_pixels=part.get("min_pixels", _MIN_TOKENS * factor**2),
-            max_pixels=part.get("max_pixels", _MAX_TOKENS * factor**2),
-        )
+        bounds = {k: int(part.get(k, v)) for k, v in bounds.items()}
+        height, width = smart_resize(height, width, factor, **bounds)
     return image.resize((width, height))
 
 
