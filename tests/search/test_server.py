@@ -46,7 +46,10 @@ def test_retrieve_answers_in_search_r1_format(url):
 
 
 def test_bad_requests_are_refused_with_a_reason(url):
-    assert _post(f"{url}/retrieve", {"query": "zib"}) == (400, {"error": "the body must be a JSON object with a 'queries' list"})
+    assert _post(f"{url}/retrieve", {"query": "zib"}) == (
+        400,
+        {"error": "the body must be a JSON object with a 'queries' list"},
+    )
     status, payload = _post(f"{url}/search", {"queries": []})
     assert status == 404 and "POST /retrieve" in payload["error"]
 

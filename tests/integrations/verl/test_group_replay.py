@@ -99,7 +99,9 @@ def test_multi_turn_groups_round_trip_with_their_masks_and_count_their_turns():
 def test_tool_tokens_do_not_move_the_drift():
     """Drift (and Headroom) read only the model's own tokens: tool-output log-probs are masked."""
     rows = _multi_turn_rows()
-    stream = GroupReplayStream(ReplayConfig.from_mapping({"strategy": "headroom_drift"}), anchor_field="rollout_log_probs")
+    stream = GroupReplayStream(
+        ReplayConfig.from_mapping({"strategy": "headroom_drift"}), anchor_field="rollout_log_probs"
+    )
     before = stream._fresh_drift(rows)
     for row in rows:  # the trainer's log-probs of the tool's tokens can be anything
         row["old_log_probs"] = torch.where(row["response_mask"] == 1, row["old_log_probs"], -50.0)

@@ -50,7 +50,9 @@ def _fresh_rows(rebuilder, n: int = 3):
     tokens = rebuilder.processor.image_processor(images=[picture])["image_grid_thw"].prod() // 4
     text = "<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * int(tokens) + "<|vision_end|>How many?<|im_end|>\n"
     prompt = tok.encode(text + "<|im_start|>assistant\n", add_special_tokens=False)
-    messages = [{"role": "user", "content": [{"type": "image", "image": picture}, {"type": "text", "text": "How many?"}]}]
+    messages = [
+        {"role": "user", "content": [{"type": "image", "image": picture}, {"type": "text", "text": "How many?"}]}
+    ]
     images = rebuilder.images(messages)
     rows = []
     for session in range(n):
@@ -90,10 +92,22 @@ def test_buffer_memory_per_image_group_is_the_picture_not_the_pixel_values(rebui
     meta = group.meta
     meta["shared"][mm.IMAGES_META] = pictures
     group.meta = meta
-    text_group = rows_to_group([{k: v for k, v in r.items() if k != "multi_modal_inputs"} | {"position_ids": torch.arange(r["input_ids"].numel()), "raw_prompt": [{"role": "user", "content": "How many?"}]} for r in rows], anchor_field="old_log_probs")
+    text_group = rows_to_group(
+        [
+            {k: v for k, v in r.items() if k != "multi_modal_inputs"}
+            | {
+                "position_ids": torch.arange(r["input_ids"].numel()),
+                "raw_prompt": [{"role": "user", "content": "How many?"}],
+            }
+            for r in rows
+        ],
+        anchor_field="old_log_probs",
+    )
     per_row_pixels = sum(mm.pixel_bytes(r["multi_modal_inputs"]) for r in rows)
     image_cost = group.nbytes - text_group.nbytes
-    print(f"image group: {group.nbytes} B stored ({image_cost} B for its picture), pixel values per row: {per_row_pixels} B")
+    print(
+        f"image group: {group.nbytes} B stored ({image_cost} B for its picture), pixel values per row: {per_row_pixels} B"
+    )
     assert image_cost < 2 * pictures[0].numel() + 200
     assert group.nbytes < per_row_pixels / 20
 
@@ -161,5 +175,7 @@ def test_the_dataset_reader_without_torchvision_reads_images_and_refuses_videos(
 def test_verl_names_the_rebuild_relies_on_exist(module_name, attribute):
     obj = importlib.import_module(module_name)
     for part in attribute.split("."):
-        assert hasattr(obj, part), f"verl moved {module_name}.{attribute}: update verl_replay/integrations/verl/multimodal.py"
+        assert hasattr(obj, part), (
+            f"verl moved {module_name}.{attribute}: update verl_replay/integrations/verl/multimodal.py"
+        )
         obj = getattr(obj, part)

@@ -142,7 +142,9 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     """``qwen_vl_utils.smart_resize``: (height, width) in multiples of ``factor``, the pixel count
     within [min_pixels, max_pixels], the aspect ratio kept as closely as possible."""
     if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
+        raise ValueError(
+            f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}"
+        )
     h_bar = max(factor, round(height / factor) * factor)
     w_bar = max(factor, round(width / factor) * factor)
     if h_bar * w_bar > max_pixels:
