@@ -57,7 +57,7 @@ def _fresh_rows(rebuilder, n: int = 3):
     rows = []
     for session in range(n):
         row = fresh_row(prompt, [30 + session, 31, 32], session, acc=float(session == 0), advantage=0.5, score=1.0)
-        row["raw_prompt"] = messages
+        row["raw_prompt"] = row["prompt"] = messages  # verl's dataset: the same parts in both fields
         row["multi_modal_inputs"], row["position_ids"] = rebuilder.rebuild(row["input_ids"], images)
         rows.append(row)
     return rows
@@ -71,6 +71,7 @@ def test_image_groups_store_each_picture_once_and_replay_the_same_inputs(rebuild
     assert not torch.equal(positions[2], positions[0])
     stored_rows, pictures = mm.store_media(rows, rebuilder)
     assert len(pictures) == 1 and all("multi_modal_inputs" not in r and "position_ids" not in r for r in stored_rows)
+    assert all(not mm.image_parts(r["prompt"])[0].get("image") for r in stored_rows)  # no picture left in a field
     group = rows_to_group(stored_rows, anchor_field="old_log_probs")
     meta = group.meta
     meta["shared"][mm.IMAGES_META] = pictures
@@ -81,8 +82,9 @@ def test_image_groups_store_each_picture_once_and_replay_the_same_inputs(rebuild
         assert mm.same_inputs(again["multi_modal_inputs"], fresh["multi_modal_inputs"])
         assert torch.equal(again["position_ids"], fresh["position_ids"])
         assert mm.IMAGES_META not in again
-    picture = replayed[0]["raw_prompt"][0]["content"][0]["image"]
-    assert list(picture.getdata()) == list(_picture().getdata())  # PNG is lossless
+    for field in ("raw_prompt", "prompt"):
+        picture = replayed[0][field][0]["content"][0]["image"]
+        assert list(picture.getdata()) == list(_picture().getdata())  # PNG is lossless
 
 
 def test_buffer_memory_per_image_group_is_the_picture_not_the_pixel_values(rebuilder):
@@ -98,6 +100,7 @@ def test_buffer_memory_per_image_group_is_the_picture_not_the_pixel_values(rebui
             | {
                 "position_ids": torch.arange(r["input_ids"].numel()),
                 "raw_prompt": [{"role": "user", "content": "How many?"}],
+                "prompt": [{"role": "user", "content": "How many?"}],
             }
             for r in rows
         ],
@@ -105,9 +108,7 @@ def test_buffer_memory_per_image_group_is_the_picture_not_the_pixel_values(rebui
     )
     per_row_pixels = sum(mm.pixel_bytes(r["multi_modal_inputs"]) for r in rows)
     image_cost = group.nbytes - text_group.nbytes
-    print(
-        f"image group: {group.nbytes} B stored ({image_cost} B for its picture), pixel values per row: {per_row_pixels} B"
-    )
+    print(f"image group: {group.nbytes} B stored ({image_cost} B for its picture), pixel values: {per_row_pixels} B")
     assert image_cost < 2 * pictures[0].numel() + 200
     assert group.nbytes < per_row_pixels / 20
 

@@ -64,9 +64,11 @@ def _pil(value: Any) -> Any:
 
 
 def image_parts(messages: Any) -> list[dict[str, Any]]:
-    """The image parts of chat messages, in order."""
+    """The image parts of chat messages, in order (none for a value that is not a message list)."""
+    if not isinstance(messages, (list, tuple)):
+        return []
     parts = []
-    for message in messages or []:
+    for message in messages:
         content = message.get("content") if isinstance(message, Mapping) else None
         if isinstance(content, list):
             parts.extend(p for p in content if isinstance(p, Mapping) and p.get("type") in ("image", "image_url"))
@@ -303,10 +305,15 @@ def store_media(
                 "(a custom processor or agent loop?)"
             )
     compact, pngs = compact_prompt(messages)
+    # every field holding the prompt's messages (verl's dataset gives `raw_prompt` and the
+    # dataset's own `prompt` column the same image parts) names the pictures by index
+    message_fields = [k for k, v in rows[0].items() if k != "raw_prompt" and image_parts(v)]
     stored_rows = []
     for row in rows:
         row = {k: v for k, v in row.items() if k not in ("multi_modal_inputs", "position_ids")}
         row["raw_prompt"] = compact
+        for name in message_fields:
+            row[name] = compact_prompt(row[name])[0]
         stored_rows.append(row)
     return stored_rows, pngs
 
@@ -321,11 +328,25 @@ def restore_media(rows: list[dict[str, Any]], rebuilder: Optional[MultimodalRebu
     pngs = rows[0][IMAGES_META]
     messages = restore_prompt(rows[0]["raw_prompt"], pngs)
     images = rebuilder.images(messages)
+    message_fields = [k for k, v in rows[0].items() if k != "raw_prompt" and _names_pictures(v)]
     for row in rows:
         row.pop(IMAGES_META, None)
         row["raw_prompt"] = messages
+        for name in message_fields:
+            row[name] = restore_prompt(row[name], pngs)
         row["multi_modal_inputs"], row["position_ids"] = rebuilder.rebuild(torch.as_tensor(row["input_ids"]), images)
     return rows
+
+
+def _names_pictures(messages: Any) -> bool:
+    if not isinstance(messages, (list, tuple)):
+        return False
+    return any(
+        isinstance(part, Mapping) and IMAGE_INDEX in part
+        for message in messages
+        if isinstance(message, Mapping) and isinstance(message.get("content"), list)
+        for part in message["content"]
+    )
 
 
 def stored_images(meta: Mapping[str, Any]) -> int:
