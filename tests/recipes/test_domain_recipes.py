@@ -1,0 +1,118 @@
+"""The search and multimodal recipes: composed at paper scale (DRY_RUN=1) and run at TINY scale.
+
+* ``DRY_RUN=1``: ``headroom_drift_search.sh`` composes verl's tool agent loop with the search tool
+  config, ``headroom_drift_multimodal.sh`` the Geometry3K files; both refuse the eval stage.
+* ``TINY=1`` (``e2e``): both recipes run side by side on CPU through verl's separate_async trainer
+  (2 global steps, 2 rounds each) and replay: an accepted scan of a group with ``turns >= 2``
+  (tool call + answer, verl's real tool agent loop and BM25 tool) and one with ``images >= 1``
+  (the tiny model's vision tower, pictures rebuilt from the buffer's PNG bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from test_recipes import run_recipe, spawn_recipe
+
+from verl_replay.headroom_drift.events import read_events
+
+# Both tiny recipes at once (two verl runs, ~4 GiB each), plus the tiny tasks' first build.
+E2E_SECONDS = 420
+
+
+def _inputs(tmp_path: Path) -> dict[str, str]:
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("search_train", "search_test", "geo3k_train", "geo3k_test"):
+        (data / f"{name}.parquet").write_bytes(b"")
+    (data / "search_tools.yaml").write_text("tools: []\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    return {"DATA_DIR": str(data), "MODEL_PATH": str(model), "OUTPUT_DIR": str(tmp_path / "out")}
+
+
+def test_search_recipe_composes_the_tool_agent_loop_and_refuses_eval(tmp_path) -> None:
+    env = {**_inputs(tmp_path), "DRY_RUN": "1", "PREFLIGHT": "0"}
+    run = run_recipe("headroom_drift_search.sh", env, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rollout = run.config["actor_rollout_ref"]["rollout"]
+    assert rollout["agent"]["default_agent_loop"] == "tool_agent"
+    assert rollout["multi_turn"]["tool_config_path"] == env["DATA_DIR"] + "/search_tools.yaml"
+    assert rollout["multi_turn"]["max_assistant_turns"] == 4 and rollout["multi_turn"]["format"] == "hermes"
+    assert run.config["data"]["train_files"] == env["DATA_DIR"] + "/search_train.parquet"
+    assert run.config["trainer"]["v1"]["trainer_mode"] == "separate_async"
+    assert "STAGES=train " in run.stderr and "eval (DRY_RUN=1" not in run.stderr  # the train stage only
+    refused = run_recipe("headroom_drift_search.sh", {**env, "STAGES": "train,eval"}, timeout=300)
+    assert refused.returncode == 2 and "STAGES" in refused.stderr
+
+
+def test_multimodal_recipe_composes_geometry3k(tmp_path) -> None:
+    env = {**_inputs(tmp_path), "DRY_RUN": "1", "PREFLIGHT": "0"}
+    run = run_recipe("headroom_drift_multimodal.sh", env, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.config["data"]["train_files"] == env["DATA_DIR"] + "/geo3k_train.parquet"
+    assert run.config["trainer"]["project_name"] == "headroom_drift_multimodal"
+    assert run.config["actor_rollout_ref"]["rollout"]["multi_turn"]["tool_config_path"] is None
+
+
+def _accepted_kinds(run_dir: Path) -> list[dict]:
+    """The accepted scans, each with its group's ingress record (turns, images)."""
+    events = read_events(run_dir / "replay_events.jsonl")
+    ingress = {e["group_id"]: e for e in events if e["event"] == "ingress"}
+    return [
+        {**e, **{k: ingress[e["group_id"]][k] for k in ("turns", "images")}}
+        for e in events
+        if e["event"] == "scan" and e["accepted"]
+    ]
+
+
+@pytest.mark.e2e
+def test_tiny_search_and_multimodal_recipes_replay_their_groups(tmp_path) -> None:
+    common = {"TINY": "1", "TOTAL_STEPS": "2", "K_REP": "2", "TAU": "0.5", "PYTHONUNBUFFERED": "1"}
+    runs = {}
+    start = time.monotonic()
+    for script, name in (("headroom_drift_search.sh", "search"), ("headroom_drift_multimodal.sh", "multimodal")):
+        env = {**common, "OUTPUT_DIR": str(tmp_path / name)}
+        runs[name] = spawn_recipe(script, env, log_dir=tmp_path / f"log_{name}")
+    try:
+        for name, proc in runs.items():
+            proc.wait(timeout=1500)  # a hang guard, not a speed target
+    finally:
+        for proc in runs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    print(f"both tiny recipes side by side: {time.monotonic() - start:.0f} s")
+    for name, proc in runs.items():
+        out = (tmp_path / f"log_{name}" / "stdout").read_text() + (tmp_path / f"log_{name}" / "stderr").read_text()
+        assert proc.returncode == 0, f"{name}:\n{out[-4000:]}"
+    search_dir = tmp_path / "search" / "headroom_drift_search" / "hd_b16_r8"
+    image_dir = tmp_path / "multimodal" / "headroom_drift_multimodal" / "hd_b16_r8"
+
+    search = _accepted_kinds(search_dir)
+    assert search and all(e["turns"] >= 2 and e["images"] == 0 for e in search), search
+    images = _accepted_kinds(image_dir)
+    assert images and all(e["images"] >= 1 and e["turns"] == 1 for e in images), images
+    print(
+        "accepted:",
+        [(e["group_id"], e["turns"], round(e["drift"], 3)) for e in search],
+        [(e["group_id"], e["images"], round(e["drift"], 3)) for e in images],
+    )
+
+    # the step line tells what the buffer took in; nothing was refused
+    search_out = (tmp_path / "log_search" / "stdout").read_text()
+    assert "multi-turn, 0 image)" in search_out and "not_replayable" not in search_out, search_out
+    image_out = (tmp_path / "log_multimodal" / "stdout").read_text()
+    assert "(0 multi-turn, " in image_out and "not_replayable" not in image_out, image_out
+    for run_dir in (search_dir, image_dir):
+        metrics = [
+            json.loads(line)["data"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
+        ]
+        assert metrics[-1]["replay/accepted"] >= 1 and all(m.get("replay/skipped_ingress", 0) == 0 for m in metrics)
+        assert metrics[-1]["replay/replay_rows"] >= 4  # the accepted groups' rows went into the update
