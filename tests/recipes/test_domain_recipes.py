@@ -13,16 +13,57 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from test_recipes import run_recipe, spawn_recipe
+import yaml
 
 from verl_replay.headroom_drift.events import read_events
 
+REPO = Path(__file__).resolve().parents[2]
+# variables of the caller's shell that would change what a recipe does
+_CLEARED = ("VERL_FILE_LOGGER_PATH", "TINY", "DRY_RUN", "RAY_ADDRESS", "PREFLIGHT")
+
 # Both tiny recipes at once (two verl runs, ~4 GiB each), plus the tiny tasks' first build.
 E2E_SECONDS = 420
+
+
+def _env(env: dict[str, str]) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if k not in _CLEARED}, **env}
+
+
+def spawn_recipe(script: str, env: dict[str, str], log_dir: Path) -> subprocess.Popen:
+    """A recipe in a session of its own (bash, the driver, its Ray cluster), output in ``log_dir``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "stdout", "w") as out, open(log_dir / "stderr", "w") as err:
+        return subprocess.Popen(
+            ["bash", str(REPO / "recipes" / script)],
+            cwd=REPO,
+            env=_env(env),
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+
+
+def dry_run(script: str, env: dict[str, str], tmp_path: Path) -> tuple[int, dict, str]:
+    """(exit status, the composed training config, stderr) of a DRY_RUN=1 recipe."""
+    proc = spawn_recipe(script, {**env, "DRY_RUN": "1"}, tmp_path / f"dry_{script}")
+    try:
+        proc.wait(timeout=900)  # a hang guard: dry runs take minutes beside a verl run on 2 cores
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    stdout = (tmp_path / f"dry_{script}" / "stdout").read_text()
+    stderr = (tmp_path / f"dry_{script}" / "stderr").read_text()
+    lines = stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if line and not line[0].isspace() and line.endswith(":")), None)
+    end = next((i for i, line in enumerate(lines) if line.startswith("verl_replay: dry run OK")), len(lines))
+    config = yaml.safe_load("\n".join(lines[start:end])) if start is not None else {}
+    return proc.returncode, config, stderr
 
 
 def _inputs(tmp_path: Path) -> dict[str, str]:
@@ -38,27 +79,26 @@ def _inputs(tmp_path: Path) -> dict[str, str]:
 
 
 def test_search_recipe_composes_the_tool_agent_loop_and_refuses_eval(tmp_path) -> None:
-    env = {**_inputs(tmp_path), "DRY_RUN": "1", "PREFLIGHT": "0"}
-    run = run_recipe("headroom_drift_search.sh", env, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rollout = run.config["actor_rollout_ref"]["rollout"]
+    env = _inputs(tmp_path)
+    returncode, config, stderr = dry_run("headroom_drift_search.sh", env, tmp_path)
+    assert returncode == 0, stderr[-3000:]
+    rollout = config["actor_rollout_ref"]["rollout"]
     assert rollout["agent"]["default_agent_loop"] == "tool_agent"
     assert rollout["multi_turn"]["tool_config_path"] == env["DATA_DIR"] + "/search_tools.yaml"
     assert rollout["multi_turn"]["max_assistant_turns"] == 4 and rollout["multi_turn"]["format"] == "hermes"
-    assert run.config["data"]["train_files"] == env["DATA_DIR"] + "/search_train.parquet"
-    assert run.config["trainer"]["v1"]["trainer_mode"] == "separate_async"
-    assert "STAGES=train " in run.stderr and "eval (DRY_RUN=1" not in run.stderr  # the train stage only
-    refused = run_recipe("headroom_drift_search.sh", {**env, "STAGES": "train,eval"}, timeout=300)
-    assert refused.returncode == 2 and "STAGES" in refused.stderr
+    assert config["data"]["train_files"] == env["DATA_DIR"] + "/search_train.parquet"
+    assert config["trainer"]["v1"]["trainer_mode"] == "separate_async"
+    assert "STAGES=train " in stderr and "eval (DRY_RUN=1" not in stderr  # the train stage only
+    returncode, _, stderr = dry_run("headroom_drift_search.sh", {**env, "STAGES": "train,eval"}, tmp_path)
+    assert returncode == 2 and "STAGES" in stderr, stderr
 
 
 def test_multimodal_recipe_composes_geometry3k(tmp_path) -> None:
-    env = {**_inputs(tmp_path), "DRY_RUN": "1", "PREFLIGHT": "0"}
-    run = run_recipe("headroom_drift_multimodal.sh", env, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.config["data"]["train_files"] == env["DATA_DIR"] + "/geo3k_train.parquet"
-    assert run.config["trainer"]["project_name"] == "headroom_drift_multimodal"
-    assert run.config["actor_rollout_ref"]["rollout"]["multi_turn"]["tool_config_path"] is None
+    returncode, config, stderr = dry_run("headroom_drift_multimodal.sh", _inputs(tmp_path), tmp_path)
+    assert returncode == 0, stderr[-3000:]
+    assert config["data"]["train_files"] == str(tmp_path / "data" / "geo3k_train.parquet")
+    assert config["trainer"]["project_name"] == "headroom_drift_multimodal"
+    assert config["actor_rollout_ref"]["rollout"]["multi_turn"]["tool_config_path"] is None
 
 
 def _accepted_kinds(run_dir: Path) -> list[dict]:
@@ -79,7 +119,7 @@ def test_tiny_search_and_multimodal_recipes_replay_their_groups(tmp_path) -> Non
     start = time.monotonic()
     for script, name in (("headroom_drift_search.sh", "search"), ("headroom_drift_multimodal.sh", "multimodal")):
         env = {**common, "OUTPUT_DIR": str(tmp_path / name)}
-        runs[name] = spawn_recipe(script, env, log_dir=tmp_path / f"log_{name}")
+        runs[name] = spawn_recipe(script, env, tmp_path / f"log_{name}")
     try:
         for name, proc in runs.items():
             proc.wait(timeout=1500)  # a hang guard, not a speed target
