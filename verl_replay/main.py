@@ -113,9 +113,11 @@ def _tiny_task(task: str) -> Any:
 _TINY_TASK_PARTS = {"train": "train", "val": "val", "model": "model_dir", "tools": "tool_config", "corpus": "corpus"}
 
 
-def _tiny_asset(name: str) -> str:
+def _tiny_asset(name: str) -> Optional[str]:
     """``${tiny_asset:model}`` etc.: path of a tiny local asset, built and cached on first use."""
     task, _, part = name.partition("_")
+    if part == "tools" and task in ("math", "sql", "image"):
+        return None  # tasks without tools: no tool config (and nothing is built)
     if task in ("search", "image") and part in _TINY_TASK_PARTS:
         value = getattr(_tiny_task(task), _TINY_TASK_PARTS[part])
         if value is None:
