@@ -60,7 +60,7 @@ TASK_FORMAT_VERSION = 1
 TASKS = ("search", "image")
 TINY_SEARCH_SOURCE = "tiny_search"
 TINY_IMAGE_SOURCE = "tiny_image_math"  # "math" in the name: verl_replay.rewards scores it as math
-WARM_START_STEPS = {"search": 300, "image": 200}
+WARM_START_STEPS = {"search": 200, "image": 200}
 WARM_START_BATCH = 16
 WARM_START_LR = 3e-3
 SEARCH_TOOL_NAME = "search"
@@ -126,7 +126,8 @@ def search_question(thing: str) -> str:
 
 def tool_call_text(query: str) -> str:
     """The assistant's hermes-format call (what verl's HermesToolParser extracts)."""
-    return "<tool_call>" + json.dumps({"name": SEARCH_TOOL_NAME, "arguments": {"query": query}}) + "</tool_call>"
+    call = {"name": SEARCH_TOOL_NAME, "arguments": {"query": query}}
+    return "<tool_call>" + json.dumps(call, separators=(",", ":")) + "</tool_call>"
 
 
 def search_rows(facts: Sequence[tuple[str, int]], split: str) -> list[dict[str, Any]]:
