@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -112,18 +113,55 @@ def _accepted_kinds(run_dir: Path) -> list[dict]:
     ]
 
 
+def _prebuild_tasks(tmp_path: Path) -> None:
+    """Both tiny tasks' first build, side by side (single-threaded warm starts: one core each)."""
+    builds = {
+        task: spawn_module(["verl_replay.data", "prepare", f"tiny-{task}"], tmp_path / f"build_{task}")
+        for task in ("search", "image")
+    }
+    for task, proc in builds.items():
+        assert proc.wait(timeout=1200) == 0, (tmp_path / f"build_{task}" / "stderr").read_text()[-3000:]
+
+
+def spawn_module(args: list[str], log_dir: Path) -> subprocess.Popen:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "stdout", "w") as out, open(log_dir / "stderr", "w") as err:
+        return subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=_env({}), stdout=out, stderr=err)
+
+
+def _ray_is_up(run_dir: Path) -> bool:
+    """The run's Ray cluster answers: its task runner has written to verl.log."""
+    log = run_dir / "verl.log"
+    return log.exists() and "(ReplayTaskRunner pid=" in log.read_text(errors="replace")
+
+
 @pytest.mark.e2e
 def test_tiny_search_and_multimodal_recipes_replay_their_groups(tmp_path) -> None:
     # 2 global steps: the first admits groups, the second scans and replays them; the preflight is the
     # math recipe's (tested there)
     common = {"TINY": "1", "TOTAL_STEPS": "2", "K_REP": "2", "TAU": "0.5", "PREFLIGHT": "0", "PYTHONUNBUFFERED": "1"}
-    runs = {}
     start = time.monotonic()
-    for script, name in (("headroom_drift_search.sh", "search"), ("headroom_drift_multimodal.sh", "multimodal")):
-        env = {**common, "OUTPUT_DIR": str(tmp_path / name)}
-        runs[name] = spawn_recipe(script, env, tmp_path / f"log_{name}")
+    _prebuild_tasks(tmp_path)
+    search_dir = tmp_path / "search" / "headroom_drift_search" / "hd_b16_r8"
+    image_dir = tmp_path / "multimodal" / "headroom_drift_multimodal" / "hd_b16_r8"
+    runs = {
+        "search": spawn_recipe(
+            "headroom_drift_search.sh", {**common, "OUTPUT_DIR": str(tmp_path / "search")}, tmp_path / "log_search"
+        )
+    }
     try:
-        for name, proc in runs.items():
+        # The second run starts once the first one's Ray node is up: two Ray nodes registering at
+        # once on a loaded 2-core machine can miss Ray's fixed 30 s start-up wait. The runs then
+        # overlap for the rest (worker start-up, rollouts, updates).
+        deadline = time.monotonic() + 900
+        while not _ray_is_up(search_dir) and runs["search"].poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+        runs["multimodal"] = spawn_recipe(
+            "headroom_drift_multimodal.sh",
+            {**common, "OUTPUT_DIR": str(tmp_path / "multimodal")},
+            tmp_path / "log_multimodal",
+        )
+        for proc in runs.values():
             proc.wait(timeout=1500)  # a hang guard, not a speed target
     finally:
         for proc in runs.values():
@@ -134,8 +172,6 @@ def test_tiny_search_and_multimodal_recipes_replay_their_groups(tmp_path) -> Non
     for name, proc in runs.items():
         out = (tmp_path / f"log_{name}" / "stdout").read_text() + (tmp_path / f"log_{name}" / "stderr").read_text()
         assert proc.returncode == 0, f"{name}:\n{out[-4000:]}"
-    search_dir = tmp_path / "search" / "headroom_drift_search" / "hd_b16_r8"
-    image_dir = tmp_path / "multimodal" / "headroom_drift_multimodal" / "hd_b16_r8"
 
     search = _accepted_kinds(search_dir)
     assert search and all(e["turns"] >= 2 and e["images"] == 0 for e in search), search
