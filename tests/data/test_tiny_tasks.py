@@ -61,31 +61,38 @@ def test_square_pictures_hold_the_count_they_answer():
         assert sum(quadrants) == count
 
 
-@pytest.mark.parametrize("task", ["search", "image"])
-def test_a_task_is_built_once_and_then_reused(tmp_path, tiny_assets, monkeypatch, task):
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, tiny_assets):
+    """A copy of the tiny assets' model folder in a tmp root: the tasks are built next to it."""
     import shutil
-
-    base_root = tmp_path / "tiny-v3"
-    shutil.copytree(tiny_assets.root, base_root)
     from dataclasses import replace
 
-    base = replace(tiny_assets, root=base_root, model_dir=base_root / "model")
-    built = tt.build_tiny_task(task, base, warm_start_steps=2)
-    assert built.built_now and built.root == tmp_path / f"tiny-v3-{task}-t{tt.TASK_FORMAT_VERSION}"
+    root = tmp_path_factory.mktemp("tasks") / "tiny-v3"
+    shutil.copytree(tiny_assets.model_dir, root / "model")
+    return replace(tiny_assets, root=root, model_dir=root / "model")
+
+
+def test_the_search_task_is_built_once_then_reused_and_rebuilt_when_a_file_changes(base):
+    built = tt.build_tiny_task("search", base, warm_start_steps=1)
+    assert built.built_now and built.root == base.root.parent / f"tiny-v3-search-t{tt.TASK_FORMAT_VERSION}"
     manifest = built.manifest()
-    assert manifest["task"] == task and manifest["warm_start_steps"] == 2 and manifest["counts"]["train"] > 0
+    assert manifest["task"] == "search" and manifest["warm_start_steps"] == 1 and manifest["counts"]["train"] == 12
     train = pd.read_parquet(built.train)
-    if task == "search":
-        assert set(train["agent_name"]) == {"tool_agent"} and set(train["data_source"]) == {tt.TINY_SEARCH_SOURCE}
-        tools = json.loads(built.tool_config.read_text())["tools"][0]
-        assert tools["config"]["corpus_path"] == str(built.corpus) and built.corpus.is_file()
-    else:
-        assert all(len(images) == 1 for images in train["images"]) and train["prompt"][0][0]["content"].startswith(
-            "<image>"
-        )
-    again = tt.build_tiny_task(task, base, warm_start_steps=2)
-    assert not again.built_now
+    assert set(train["agent_name"]) == {"tool_agent"} and set(train["data_source"]) == {tt.TINY_SEARCH_SOURCE}
+    tools = json.loads(built.tool_config.read_text())["tools"][0]
+    assert tools["config"]["corpus_path"] == str(built.corpus) and built.corpus.is_file()
+    assert not tt.build_tiny_task("search", base, warm_start_steps=1).built_now
     (built.root / "train.parquet").write_bytes(b"corrupt")  # a changed file is rebuilt
-    assert tt.build_tiny_task(task, base, warm_start_steps=2).built_now
+    assert tt.build_tiny_task("search", base, warm_start_steps=1).built_now
     with pytest.raises(ValueError, match="tiny task must be one of"):
         tt.build_tiny_task("video", base)
+
+
+def test_the_image_task_holds_one_picture_per_row(base):
+    built = tt.build_tiny_task("image", base, warm_start_steps=1)
+    train = pd.read_parquet(built.train)
+    assert all(len(images) == 1 for images in train["images"])
+    assert train["prompt"][0][0]["content"].startswith("<image>") and set(train["data_source"]) == {
+        tt.TINY_IMAGE_SOURCE
+    }
+    assert (built.model_dir / "preprocessor_config.json").is_file()  # the processor verl loads

@@ -11,7 +11,8 @@ image math. Deterministic, local, cached like the tiny assets (own folder, own m
 - ``image``: pictures of 1-4 coloured squares (64 x 64 PNGs drawn with PIL, 4 x 4 patches of
   Qwen3.5's 16-pixel geometry, 4 image tokens after the 2 x 2 merge) and the question "How many
   squares?", answered ``\\boxed{N}``; verl's dataset turns the prompt's ``<image>`` into an image
-  part and the row's ``images`` column into the picture. The warm start runs the vision tower.
+  part and the row's ``images`` column into the picture. The model is the tiny math model (it
+  answers ``\\boxed{N}`` already) after a short warm start that runs its vision tower.
 
 Layout of a task folder (``<tiny root>-<task>-t<version>``)::
 
@@ -60,7 +61,9 @@ TASK_FORMAT_VERSION = 1
 TASKS = ("search", "image")
 TINY_SEARCH_SOURCE = "tiny_search"
 TINY_IMAGE_SOURCE = "tiny_image_math"  # "math" in the name: verl_replay.rewards scores it as math
-WARM_START_STEPS = {"search": 200, "image": 200}
+# search starts from a random model (the hermes tool call is new to every tiny model); image from the
+# tiny math model, which answers \boxed{N} already: a few steps put its vision tower in the loop.
+WARM_START_STEPS = {"search": 200, "image": 40}
 WARM_START_BATCH = 16
 WARM_START_LR = 3e-3
 SEARCH_TOOL_NAME = "search"
@@ -317,7 +320,10 @@ def _train_model(model_dir: Path, base: TinyAssets, task: str, payload: Any, see
     config = tiny_model_config("qwen3_5", len(hf_tok), eos_id=eos_id, pad_id=pad_id, vision_token_ids=vision_ids)
     with torch.random.fork_rng(devices=[]), _single_thread():
         torch.manual_seed(seed)
-        model = _model_class("qwen3_5").from_config(config, dtype=torch.float32)
+        if task == "image":  # from the math model: it answers \boxed{N} already, only the pictures are new
+            model = _model_class("qwen3_5").from_pretrained(base.model_dir, dtype=torch.float32)
+        else:
+            model = _model_class("qwen3_5").from_config(config, dtype=torch.float32)
         if task == "search":
             batches = _text_batches(search_trajectories(hf_tok, payload), pad_id, seed, steps)
         else:
@@ -366,13 +372,16 @@ def _build_into(tmp: Path, final: TinyTask, base: TinyAssets, task: str, seed: i
 
 
 def _identity(base: TinyAssets, task: str, seed: int, steps: int) -> dict[str, Any]:
-    return {
+    identity = {
         "format_version": TASK_FORMAT_VERSION,
         "task": task,
         "seed": seed,
         "warm_start_steps": steps,
         "base_tokenizer": _sha256(base.model_dir / "tokenizer.json"),
     }
+    if task == "image":  # warm-started from the math model's weights
+        identity["base_model"] = _sha256(base.model_dir / "model.safetensors")
+    return identity
 
 
 def _is_complete(root: Path, identity: Mapping[str, Any]) -> bool:
