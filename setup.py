@@ -38,6 +38,8 @@ install_requires = [
     "tqdm>=4.60",
     "tokenizers>=0.21",
     "matplotlib>=3.8",
+    # BM25 retrieval of the agentic-search domain (verl_replay/search)
+    "bm25s>=0.2,<0.4",
 ]
 
 extras_require = {

@@ -181,6 +181,21 @@ for name in ("model_dir", "sql_model_dir", "math_train", "math_val", "sql_train"
   eval "$assignments"
 }
 
+# load_tiny_task TASK: set TINY_TASK_MODEL_DIR, TINY_TASK_TRAIN, TINY_TASK_VAL (and, for search,
+# TINY_TASK_TOOL_CONFIG) to the tiny TASK (search | image) of verl_replay.data.tiny_tasks, built and
+# cached on first use next to the tiny assets (the same ones platform=cpu_tiny tiny_task=TASK uses).
+load_tiny_task() {
+  local assignments
+  assignments="$("$PYTHON" -c 'import shlex, sys
+from verl_replay.data.tiny_tasks import build_tiny_task
+task = build_tiny_task(sys.argv[1])
+for name in ("model_dir", "train", "val", "tool_config"):
+    value = getattr(task, name)
+    print(f"TINY_TASK_{name.upper()}={shlex.quote(str(value) if value else str())}")' "$1")" ||
+    die "could not build the tiny $1 task (python -m verl_replay.data prepare tiny-$1 shows why)"
+  eval "$assignments"
+}
+
 # placement_overrides: append the hardware placement to the array TRAIN_ARGS: verl 0.9.1's split
 # placement (trainer.v1.trainer_mode=separate_async) at every scale, PARAMETER_SYNC_STEP update
 # rounds per global step, weights pushed to the rollout side once per global step.

@@ -18,21 +18,48 @@
 # step), TAU, REPLAY_CAPACITY, EVAL_N, EVAL_K, EVAL_MODEL, STAGES.
 # DRY_RUN=1: compose + validate + print the training config on CPU; the eval command is only printed.
 # TINY=1: the same recipe at toy scale on CPU (tiny math model and data, hf backends).
+# DOMAIN: math (default) | search (agentic search: verl's tool agent loop with a retrieval tool;
+# recipes/headroom_drift_search.sh) | multimodal (image prompts; recipes/headroom_drift_multimodal.sh).
+# The search and multimodal domains run the train stage only (the eval stage is math's benchmarks).
 set -euo pipefail
 
-RECIPE_NAME=headroom_drift_math
+: "${DOMAIN:=math}"
+RECIPE_NAME=headroom_drift_$DOMAIN
 # shellcheck source=recipes/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 # ------------------------------------------------------------------ what to run
+require_one_of DOMAIN math search multimodal
 : "${STRATEGY:=headroom_drift}"
 require_one_of STRATEGY headroom_drift naive none
-: "${STAGES:=train,eval}"
-check_stages train eval
+if [[ "$DOMAIN" == math ]]; then
+  : "${STAGES:=train,eval}"
+  check_stages train eval
+else
+  : "${STAGES:=train}"
+  check_stages train
+fi
+case "$DOMAIN" in
+  math) TINY_TASK=math ;;
+  search) TINY_TASK=search ;;
+  multimodal) TINY_TASK=image ;;
+esac
 
 # ------------------------------------------------------------------ inputs and outputs
 BENCHMARKS=(math500 aime24 aime25 amc23 minerva olympiadbench)
-if is_true "$TINY"; then
+if is_true "$TINY" && [[ "$DOMAIN" != math ]]; then
+  load_tiny_task "$TINY_TASK"
+  : "${MODEL_PATH:=$TINY_TASK_MODEL_DIR}"
+  : "${TRAIN_FILES:=$TINY_TASK_TRAIN}"
+  : "${VAL_FILES:=$TINY_TASK_VAL}"
+  : "${EVAL_FILES:=}"
+  : "${TOOL_CONFIG:=$TINY_TASK_TOOL_CONFIG}"
+  # a folder of its own under ./outputs for every TINY run (its run dir is printed at the end)
+  if [[ -z "${OUTPUT_DIR:-}" ]]; then
+    mkdir -p "$PWD/outputs"
+    OUTPUT_DIR="$(mktemp -d "$PWD/outputs/tiny_hd_$DOMAIN-$(date +%Y%m%d-%H%M%S)-XXXX")"
+  fi
+elif is_true "$TINY"; then
   load_tiny_assets
   : "${MODEL_PATH:=$TINY_MODEL_DIR}"
   : "${TRAIN_FILES:=$TINY_MATH_TRAIN}"
@@ -43,6 +70,24 @@ if is_true "$TINY"; then
     mkdir -p "$PWD/outputs"
     OUTPUT_DIR="$(mktemp -d "$PWD/outputs/tiny_hd-$(date +%Y%m%d-%H%M%S)-XXXX")"
   fi
+elif [[ "$DOMAIN" == search ]]; then
+  : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
+  : "${DATA_DIR:=$HOME/data/verl_replay}"
+  # python -m verl_replay.data prepare search --input SEARCH_R1_DATA --output DATA_DIR \
+  #   --retrieval-url http://HOST:8000/retrieve  (the server: python -m verl_replay.search.server)
+  : "${TRAIN_FILES:=$DATA_DIR/search_train.parquet}"
+  : "${VAL_FILES:=$DATA_DIR/search_test.parquet}"
+  : "${EVAL_FILES:=}"
+  : "${TOOL_CONFIG:=$DATA_DIR/search_tools.yaml}"
+  : "${OUTPUT_DIR:=$PWD/outputs}"
+elif [[ "$DOMAIN" == multimodal ]]; then
+  : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
+  : "${DATA_DIR:=$HOME/data/verl_replay}"
+  # python -m verl_replay.data prepare geo3k --input GEO3K_DIR --output DATA_DIR
+  : "${TRAIN_FILES:=$DATA_DIR/geo3k_train.parquet}"
+  : "${VAL_FILES:=$DATA_DIR/geo3k_test.parquet}"
+  : "${EVAL_FILES:=}"
+  : "${OUTPUT_DIR:=$PWD/outputs}"
 else
   : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
   : "${DATA_DIR:=$HOME/data/verl_replay}"
@@ -57,7 +102,7 @@ else
 fi
 absolute_paths OUTPUT_DIR TRAIN_FILES VAL_FILES EVAL_FILES
 absolute_model MODEL_PATH
-: "${PROJECT:=headroom_drift_math}"
+: "${PROJECT:=headroom_drift_$DOMAIN}"
 
 # ------------------------------------------------------------------ training sizes
 : "${TOTAL_STEPS:=$(pick 500 3)}"
@@ -66,7 +111,12 @@ absolute_model MODEL_PATH
 : "${GROUP_SIZE:=$(pick 8 4)}"
 : "${PPO_MINI_PROMPTS:=$(pick 8 2)}"          # prompts (groups) per optimiser step
 : "${MAX_PROMPT_LENGTH:=$(pick 1024 256)}"
-: "${MAX_RESPONSE_LENGTH:=$(pick 4096 24)}"
+case "$DOMAIN" in
+  # search: every assistant turn and tool output of a trajectory (tiny: one call, one answer)
+  search) : "${MAX_RESPONSE_LENGTH:=$(pick 4096 128)}" ;;
+  *) : "${MAX_RESPONSE_LENGTH:=$(pick 4096 24)}" ;;
+esac
+: "${MAX_TURNS:=$(pick 4 2)}"                  # search: assistant turns per trajectory
 : "${LR:=$(pick 1e-6 1e-4)}"
 : "${ROLLOUT_TEMPERATURE:=1.0}"
 : "${SAVE_FREQ:=$(pick 50 "$TOTAL_STEPS")}"
@@ -133,7 +183,16 @@ print_settings STRATEGY STAGES TINY DRY_RUN MODEL_PATH TRAIN_FILES EVAL_FILES RU
   GROUP_SIZE PPO_MINI_PROMPTS PARAMETER_SYNC_STEP K_REP TAU MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH ATTN_IMPL
 
 train_cmd() {
-  base_train_args math
+  base_train_args "$TINY_TASK"
+  if [[ "$DOMAIN" == search ]]; then
+    # verl's tool agent loop (rows name agent_name=tool_agent) with the retrieval tool of TOOL_CONFIG
+    TRAIN_ARGS+=(
+      actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent
+      "actor_rollout_ref.rollout.multi_turn.tool_config_path=$TOOL_CONFIG"
+      "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=$MAX_TURNS"
+      actor_rollout_ref.rollout.multi_turn.format=hermes
+    )
+  fi
   TRAIN_ARGS+=(
     "actor_rollout_ref.rollout.val_kwargs.temperature=$VAL_TEMPERATURE"
     actor_rollout_ref.rollout.val_kwargs.do_sample=True
@@ -176,7 +235,8 @@ preflight() {
 }
 
 if stage_on train; then
-  require_file "$TRAIN_FILES" "math training set (TRAIN_FILES)"
+  require_file "$TRAIN_FILES" "$DOMAIN training set (TRAIN_FILES)"
+  if [[ "$DOMAIN" == search ]]; then require_file "$TOOL_CONFIG" "search tool config (TOOL_CONFIG)"; fi
   val_files=()
   split_csv val_files "$VAL_FILES"
   for file in "${val_files[@]}"; do require_file "$file" "validation set (VAL_FILES)"; done

@@ -346,3 +346,20 @@ def test_gold_sqls_as_numpy_array_from_parquet(tmp_path):
     assert score["acc"] == 1.0
     empty = {"db_path": str(db), "gold_sqls": np.array([], dtype=object)}
     assert compute_score("tiny_sql", "```sql\nSELECT 1\n```", "SELECT x FROM t WHERE x = 1", empty)["acc"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "solution, ground_truth, acc",
+    [
+        ("<tool_call>...</tool_call> Doc 1 ... so <answer> The Beijing </answer>", {"target": ["beijing"]}, 1.0),
+        ("<answer>Paris</answer> then <answer>Rome</answer>", ["Paris"], 0.0),  # the last answer counts
+        ("the code is \\boxed{47}", "47", 1.0),
+        ("the code is \\boxed{46}", "47", 0.0),
+        ("no answer at all", "47", 0.0),
+    ],
+)
+def test_search_sources_are_scored_by_exact_match_of_the_last_answer(solution, ground_truth, acc):
+    for source in ("tiny_search", "nq", "hotpotqa", "searchR1_nq"):
+        result = compute_score(source, solution, ground_truth)
+        assert result["acc"] == acc and result["score"] == acc, (source, result)
+    assert compute_score("nq", "no answer at all", "47")["reason"] == "no_answer"

@@ -110,8 +110,36 @@ def _tiny_assets() -> Any:
         notice.cancel()
 
 
-def _tiny_asset(name: str) -> str:
+@functools.lru_cache(maxsize=2)
+def _tiny_task(task: str) -> Any:
+    from verl_replay.data.tiny_tasks import build_tiny_task
+
+    notice = threading.Timer(
+        TINY_BUILD_NOTICE_S,
+        lambda: console().line(f"verl_replay: building the tiny {task} task (data and model; once per machine) ..."),
+    )
+    notice.daemon = True
+    notice.start()
+    try:
+        return build_tiny_task(task, _tiny_assets())
+    finally:
+        notice.cancel()
+
+
+# ${tiny_asset:<task>_<part>} of the tiny tasks of verl_replay.data.tiny_tasks (built only when named)
+_TINY_TASK_PARTS = {"train": "train", "val": "val", "model": "model_dir", "tools": "tool_config", "corpus": "corpus"}
+
+
+def _tiny_asset(name: str) -> Optional[str]:
     """``${tiny_asset:model}`` etc.: path of a tiny local asset, built and cached on first use."""
+    task, _, part = name.partition("_")
+    if part == "tools" and task in ("math", "sql", "image"):
+        return None  # tasks without tools: no tool config (and nothing is built)
+    if task in ("search", "image") and part in _TINY_TASK_PARTS:
+        value = getattr(_tiny_task(task), _TINY_TASK_PARTS[part])
+        if value is None:
+            raise KeyError(f"tiny asset {name!r}: the {task} task has no {part}")
+        return str(value)
     assets = _tiny_assets()
     paths = {
         "model": assets.model_dir,

@@ -24,16 +24,53 @@ imports no verl/ray/torch.
 from __future__ import annotations
 
 import os
+import re
+import string
 from typing import Any
 
 from verl_replay.verifiers.extract import extract_sql
 
-__all__ = ["compute_score", "is_math_source", "is_sql_source"]
+__all__ = ["compute_score", "is_math_source", "is_search_source", "is_sql_source", "search_exact_match"]
 
 _SQL_SOURCES = frozenset({"bird", "spider", "ambiqt", "tiny_sql"})
 # Substrings that identify math datasets as they appear in verl data_source fields
 # (e.g. "openai/gsm8k", "lighteval/MATH", "HuggingFaceH4/MATH-500", "math_dapo", "aime24").
 _MATH_MARKERS = ("math", "gsm8k", "aime", "amc", "minerva", "olympiad", "numina", "deepscaler", "dapo")
+
+
+# Search-R1's seven QA sets (its data_source names) and the tiny search task.
+_SEARCH_SOURCES = frozenset(
+    {"tiny_search", "nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"}
+)
+_ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def is_search_source(data_source: str) -> bool:
+    name = data_source.lower()
+    return name in _SEARCH_SOURCES or name.startswith("search")
+
+
+def _normalize_answer(text: str) -> str:
+    """Search-R1's (SQuAD's) answer normalisation: lower case, no punctuation, articles or extra spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in string.punctuation)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def search_exact_match(solution_str: str, ground_truth: Any) -> dict[str, Any]:
+    """Exact match of the last ``<answer>...</answer>`` (Search-R1's format) or, failing that, the
+    last ``\\boxed{...}`` against any gold answer; ``acc`` equals ``score``."""
+    from verl_replay.verifiers.extract import extract_boxed
+
+    tagged = _ANSWER_TAG_RE.findall(solution_str or "")
+    answer = tagged[-1] if tagged else extract_boxed(solution_str)
+    if answer is None:
+        return {"score": 0.0, "acc": 0.0, "reason": "no_answer"}
+    golds = [str(g) for g in _as_list(ground_truth)]
+    if isinstance(ground_truth, dict) and "target" in ground_truth:  # Search-R1's {"target": [...]}
+        golds = [str(g) for g in _as_list(ground_truth["target"])]
+    correct = _normalize_answer(answer) in {_normalize_answer(g) for g in golds}
+    return {"score": float(correct), "acc": float(correct), "reason": "correct" if correct else "mismatch"}
 
 
 def is_sql_source(data_source: str) -> bool:
@@ -143,6 +180,8 @@ def compute_score(
     ``extra_info["semantics"]`` (``bird``, ``spider`` or ``spider_keep_distinct``; default
     ``"spider"`` for spider, else ``"bird"``; see :func:`~verl_replay.verifiers.verify_sql`).
     Math sources (gsm8k, MATH, AIME, AMC, Minerva, OlympiadBench, ...): ``verify_math``.
+    Search sources (Search-R1's nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique,
+    bamboogle, names starting with ``search``, and tiny_search): ``search_exact_match``.
     Any other name is dispatched by the row's ``extra_info``: ``db_path`` -> SQL,
     ``benchmark`` -> math (``verl_replay.data`` writes math training rows as ``"train"``).
 
@@ -155,6 +194,8 @@ def compute_score(
     """
     format_bonus = float(kwargs.get("format_bonus", 0.0))
     info = extra_info if isinstance(extra_info, dict) else {}
+    if is_search_source(data_source):
+        return search_exact_match(solution_str, ground_truth)
     # Name first; then the row's own schema (verl_replay.data.prepare): SQL rows carry
     # extra_info["db_path"], math rows extra_info["benchmark"] -- math training sets are
     # written with data_source="train", which names no task.

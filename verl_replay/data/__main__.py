@@ -1,4 +1,4 @@
-"""``python -m verl_replay.data prepare {bird,spider,ambiqt,math,tiny} --input DIR --output DIR``.
+"""``python -m verl_replay.data prepare DATASET --input DIR --output DIR`` (DATASET: see ``DATASETS``).
 
 Writes verl RL parquet files from a local benchmark download (nothing is downloaded) and
 prints what was written. Examples::
@@ -11,7 +11,11 @@ prints what was written. Examples::
     python -m verl_replay.data prepare math   --input ~/data/math --output data/ --benchmarks math500,aime24
     python -m verl_replay.data prepare math   --input ~/data/dapo.parquet --benchmark train --output data/ \\
         --problem-field prompt_text --answer-field solution
+    python -m verl_replay.data prepare search --input ~/data/flashrag --output data/ \
+        --retrieval-url http://127.0.0.1:8000/retrieve      # or --corpus ~/data/wiki-18.jsonl
+    python -m verl_replay.data prepare geo3k  --input ~/data/geometry3k/data --output data/
     python -m verl_replay.data prepare tiny   --output ~/.cache/verl_replay/tiny-v1
+    python -m verl_replay.data prepare tiny-search        # the tiny tasks, next to the cached tiny assets
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 
 from verl_replay.data import prepare as prep
 
-DATASETS = ("bird", "spider", "ambiqt", "math", "tiny")
+DATASETS = ("bird", "spider", "ambiqt", "math", "search", "geo3k", "tiny", "tiny-search", "tiny-image")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="write verl RL parquet files")
     p.add_argument("dataset", choices=DATASETS)
     p.add_argument("--input", help="local download: folder (or a file for math / ambiqt); unused for tiny")
-    p.add_argument("--output", required=True, help="output folder (tiny: the asset root)")
+    p.add_argument("--output", help="output folder (tiny: the asset root; tiny-search / tiny-image: unused)")
     p.add_argument(
         "--split",
         help="bird/spider: train|dev (default dev); ambiqt: default validation; "
@@ -49,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--answer-field", help="math: column holding the final answer")
     p.add_argument("--solution-field", help="math: column whose last \\boxed{} is the answer")
     p.add_argument("--id-field", help="math: column holding the question id")
+    p.add_argument("--retrieval-url", help="search: the retrieval server (python -m verl_replay.search.server)")
+    p.add_argument("--corpus", help="search: a JSON-lines corpus for a local BM25 index instead of a server")
+    p.add_argument("--topk", type=int, default=3, help="search: documents per search call")
     p.add_argument("--seed", type=int, default=0, help="tiny: generation seed")
     p.add_argument("--model-arch", default="qwen3_5", choices=("qwen3_5", "qwen2"), help="tiny: model class")
     p.add_argument("--force", action="store_true", help="tiny: rebuild even if cached")
@@ -62,6 +69,29 @@ def _need_input(args: argparse.Namespace) -> str:
 
 
 def _run(args: argparse.Namespace) -> list[prep.PreparedFile]:
+    if args.dataset in ("tiny-search", "tiny-image"):
+        from verl_replay.data.tiny_tasks import build_tiny_task
+
+        task = build_tiny_task(args.dataset.split("-")[1], seed=args.seed, force=args.force)
+        counts = task.manifest()["counts"]
+        print(f"{'built' if task.built_now else 'reused cached'} tiny {task.task} task; model: {task.model_dir}")
+        return [
+            prep.PreparedFile(task.train, counts["train"], args.dataset, "train"),
+            prep.PreparedFile(task.val, counts["val"], args.dataset, "val"),
+        ]
+    if not args.output:
+        raise SystemExit(f"prepare {args.dataset}: --output is required")
+    if args.dataset == "search":
+        return prep.prepare_search(
+            _need_input(args),
+            args.output,
+            retrieval_url=args.retrieval_url,
+            corpus=args.corpus,
+            topk=args.topk,
+            limit=args.limit,
+        )
+    if args.dataset == "geo3k":
+        return prep.prepare_geo3k(_need_input(args), args.output, limit=args.limit)
     common = {"limit": args.limit, "with_sample_rows": args.sample_rows, "system_prompt": args.system_prompt}
     if args.dataset == "bird":
         return prep.prepare_bird(

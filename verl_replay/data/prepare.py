@@ -339,3 +339,66 @@ def prepare_math(
         rows = math_rows(examples, split=this_split, instruction=instruction, system_prompt=system_prompt)
         prepared.append(_write(rows, Path(output_dir), f"math_{name}", MATH_RL_SCHEMA, name, this_split))
     return prepared
+
+
+def _write_inferred(rows: list[dict[str, Any]], output_dir: Path, name: str, source: str, split: str) -> PreparedFile:
+    """A file whose Arrow schema is read off its rows (search / multimodal rows: their own layouts)."""
+    return _write(rows, output_dir, name, pa.Table.from_pylist(rows).schema, source, split)
+
+
+def prepare_search(
+    input_dir: str | Path,
+    output_dir: str | Path,
+    *,
+    retrieval_url: str | None = None,
+    corpus: str | None = None,
+    topk: int = 3,
+    limit: int | None = None,
+) -> list[PreparedFile]:
+    """Search-R1's data: ``search_train.parquet`` (NQ + HotpotQA train), ``search_test.parquet``
+    (the seven QA sets' test, or dev, splits found under ``input_dir``) and ``search_tools.yaml``
+    (verl's tool config: the retrieval server at ``retrieval_url`` or a local BM25 ``corpus``)."""
+    from verl_replay.data.search_qa import (
+        EVAL_DATASETS,
+        TRAIN_DATASETS,
+        find_split,
+        load_qa_file,
+        search_rows,
+        search_tool_config,
+    )
+
+    root, out = Path(input_dir), Path(output_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such folder (FlashRAG layout: <dataset>/<split>.jsonl)")
+    tools = search_tool_config(retrieval_url=retrieval_url, corpus=corpus, topk=topk)
+    files = []
+    for split, datasets, splits in (("train", TRAIN_DATASETS, ("train",)), ("test", EVAL_DATASETS, ("test", "dev"))):
+        examples = []
+        for dataset in datasets:
+            path = find_split(root, dataset, splits)
+            if path is not None:
+                examples += load_qa_file(path, dataset)[:limit]
+        if not examples:
+            raise FileNotFoundError(
+                f"{root}: none of {', '.join(f'{d}/{splits[0]}.jsonl' for d in datasets)} (FlashRAG's QA files)"
+            )
+        files.append(_write_inferred(search_rows(examples, split), out, f"search_{split}", "search", split))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "search_tools.yaml").write_text(tools, encoding="utf-8")
+    return files
+
+
+def prepare_geo3k(input_dir: str | Path, output_dir: str | Path, *, limit: int | None = None) -> list[PreparedFile]:
+    """Geometry3K's train and test parquet files as verl multimodal RL rows (``geo3k_{train,test}``)."""
+    from verl_replay.data.geo3k import GEO3K_SOURCE, find_geo3k_files, geo3k_rows
+
+    return [
+        _write_inferred(
+            geo3k_rows(find_geo3k_files(input_dir, split), split, limit),
+            Path(output_dir),
+            f"geo3k_{split}",
+            GEO3K_SOURCE,
+            split,
+        )
+        for split in ("train", "test")
+    ]

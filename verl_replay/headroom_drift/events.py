@@ -3,6 +3,8 @@
 One JSON object per line, each with an ``"event"`` field:
 
 * ``ingress``:    step, group_id, birth_step, generated_version, initial_headroom, n, num_correct
+                  (+ from verl's integration: turns, the assistant turns of the group's longest
+                  trajectory, 1 for single-turn rows; images, the pictures in its prompt)
 * ``scan``:       step, group_id, rank, drift, replay_kl, headroom_before, headroom_after,
                   accepted, age, birth_step, generated_version
 * ``evict``:      step, group_id, birth_step, lifetime_replay_count

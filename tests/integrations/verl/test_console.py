@@ -198,3 +198,16 @@ def test_startup_watch_names_what_the_run_waits_for(tmp_path):
     with open(log, "a") as handle:
         handle.write("(ReplayTaskRunner pid=10482) Started a local Ray instance\n")
     assert watch.poll() == "running step 1"  # stages never go back
+
+
+def test_the_step_line_says_what_was_admitted_and_what_could_not_be_stored():
+    config = ReplayConfig.from_mapping({"strategy": "headroom_drift", "k_rep": 2})
+    data = {**STEP, **REPLAY, "replay/ingress": 3.0, "replay/ingress_multi_turn": 2.0, "replay/ingress_images": 0.0}
+    fields = dict(step_fields(data, config))
+    assert fields["admitted"] == "3 (2 multi-turn, 0 image)" and "not_replayable" not in fields
+    fields = dict(step_fields({**data, "replay/ingress_multi_turn": 0.0, "replay/ingress_images": 1.0}, config))
+    assert fields["admitted"] == "3 (0 multi-turn, 1 image)"
+    # text-only single-turn runs keep their line as it was; refusals are shown when there are some
+    plain = {**data, "replay/ingress_multi_turn": 0.0, "replay/ingress_images": 0.0}
+    assert "admitted" not in dict(step_fields(plain, config))
+    assert dict(step_fields({**plain, "replay/skipped_ingress": 2.0}, config))["not_replayable"] == 2

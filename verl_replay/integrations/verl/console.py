@@ -92,10 +92,25 @@ def step_fields(data: Mapping[str, Any], replay: ReplayConfig, *, split: bool = 
             fields += [(label, data[key]) for label, key in DRIFT_FIELDS if key in data]
         if replay.uses_headroom_drift and FLOOR_KEY in data:
             fields.append(("floor/tau", f"{format_value(data[FLOOR_KEY])}/{format_value(replay.tau)}"))
+        fields += ingress_fields(data)
     if replay.uses_elite:
         fields += [(label, data[key]) for label, key in ELITE_FIELDS if key in data]
     if "timing_s/step" in data:
         fields.append(("time", f"{float(data['timing_s/step']):.1f}s"))
+    return fields
+
+
+def ingress_fields(data: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``admitted N (x multi-turn, y image)`` once a step admits multi-turn or image groups, and
+    ``not_replayable N`` when fresh groups could not be stored (verl.log says why)."""
+    fields: list[tuple[str, Any]] = []
+    multi, images = data.get("replay/ingress_multi_turn", 0), data.get("replay/ingress_images", 0)
+    if multi or images:
+        fields.append(
+            ("admitted", f"{int(data.get('replay/ingress', 0))} ({int(multi)} multi-turn, {int(images)} image)")
+        )
+    if data.get("replay/skipped_ingress", 0):
+        fields.append(("not_replayable", int(data["replay/skipped_ingress"])))
     return fields
 
 

@@ -177,6 +177,23 @@ def shorten_sampler_poll() -> None:
     sampler_cls.__init__ = init_short_poll
 
 
+def read_images_without_torchvision() -> None:
+    """Image prompts on a host without torchvision: verl's dataset reads a prompt's pictures with
+    ``qwen_vl_utils``, which imports torchvision at module top (its image path does not use it);
+    ``multimodal.process_multi_modal_info_without_torchvision`` resizes them the same way."""
+    from verl_replay.integrations.verl.vl_processor import torchvision_available
+
+    if torchvision_available():
+        return
+    from verl.utils.dataset import rl_dataset
+
+    from verl_replay.integrations.verl.multimodal import process_multi_modal_info_without_torchvision
+
+    dataset = _require(rl_dataset, "RLHFDataset")
+    _require(dataset, "_process_multi_modal_info")
+    dataset._process_multi_modal_info = classmethod(process_multi_modal_info_without_torchvision)
+
+
 def register_cpu_checkpoint_engine() -> None:
     from verl_replay.integrations.verl import cpu_checkpoint_engine  # noqa: F401  (registers on import)
 
@@ -194,6 +211,7 @@ def install_cpu_support() -> None:
     shorten_sampler_poll()
     register_cpu_checkpoint_engine()
     allow_vl_processor_without_torchvision()
+    read_images_without_torchvision()
     install_packed_linear_attention_kernels()
     _installed = True
     logger.info("verl_replay: CPU support installed (platform=cpu, engine=fsdp2, rollout=hf)")

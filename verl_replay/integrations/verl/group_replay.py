@@ -49,6 +49,13 @@ from verl_replay.headroom_drift.buffer import (
 )
 from verl_replay.headroom_drift.events import ReplayEventLog, buffer_state_record, fresh_record, round_record
 from verl_replay.headroom_drift.scores import policy_drift_flat
+from verl_replay.integrations.verl.multimodal import (
+    IMAGES_META,
+    MultimodalRebuilder,
+    restore_media,
+    store_media,
+    stored_images,
+)
 from verl_replay.integrations.verl.rows import (
     REF_LOG_PROBS_META,
     REPLAY_GROUP_FIELD,
@@ -91,6 +98,25 @@ def generating_versions(keys: list[str], tags: list[dict[str, Any]], step: int) 
     return versions
 
 
+def replay_rows(
+    group: ReplayGroup, *, uid: str, global_steps: int, media: Optional[MultimodalRebuilder]
+) -> list[dict[str, Any]]:
+    """verl rows of a stored group, image inputs and M-RoPE position ids rebuilt (image groups)."""
+    return restore_media(group_to_rows(group, uid=uid, global_steps=global_steps), media)
+
+
+def assistant_turns(mask: torch.Tensor) -> int:
+    """Assistant turns of one response: runs of trained tokens (tool outputs are masked out)."""
+    valid = (torch.as_tensor(mask).reshape(-1) != 0).to(torch.int8)
+    return int(((valid[1:] - valid[:-1]) == 1).sum()) + int(valid.numel() > 0 and bool(valid[0]))
+
+
+def group_turns(group: ReplayGroup) -> int:
+    """Assistant turns of the group's longest trajectory (in turns)."""
+    mask, offsets = group.response_mask, group.response_offsets().tolist()
+    return max(assistant_turns(mask[offsets[i] : offsets[i + 1]]) for i in range(group.n))
+
+
 def nested(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.nested.as_nested_tensor(tensors, layout=torch.jagged)
 
@@ -126,12 +152,13 @@ class PolicyScorer:
         self.temperature = temperature
         self._calls = 0
         self.forward_rows = 0  # rows through the scan forward, padding included
+        self.media: Optional[MultimodalRebuilder] = None  # set by the stream (image groups)
 
     def __call__(self, groups: list[ReplayGroup]) -> list[torch.Tensor]:
         self._calls += 1
         rows, owners = [], []
         for position, group in enumerate(groups):
-            group_rows = group_to_rows(group, uid=f"scan{self._calls}g{group.group_id}", global_steps=0)
+            group_rows = replay_rows(group, uid=f"scan{self._calls}g{group.group_id}", global_steps=0, media=self.media)
             rows.extend(group_rows)
             owners.extend([position] * len(group_rows))
         real = len(rows)
@@ -187,6 +214,14 @@ class GroupReplayStream(ReplayStream):
         self._replayed: dict[str, tuple[ReplayGroup, int]] = {}
         self._stats: dict[str, float] = {}
         self._round_stats: dict[str, float] = {}
+        self.media: Optional[MultimodalRebuilder] = None  # image rows: the run's processor
+        self._refusals: set[str] = set()
+
+    def set_processor(self, processor: Any, tokenizer: Any) -> None:
+        """The model's processor and tokenizer (from the trainer): image groups are stored as their
+        pictures and rebuilt with them. Without an image processor, image groups are not replayable."""
+        if processor is not None and getattr(processor, "image_processor", None) is not None:
+            self.media = MultimodalRebuilder(processor, tokenizer)
 
     # ------------------------------------------------------------------ event log / state
 
@@ -238,6 +273,8 @@ class GroupReplayStream(ReplayStream):
         self.open_event_log()
         self._step = context.step
         scorer = context.scorer_factory() if isinstance(self.buffer, HeadroomDriftBuffer) else None
+        if scorer is not None:
+            scorer.media = self.media
         # scan chunks sized to what can still be accepted, in whole data-parallel row multiples
         multiple = scan_chunk_multiple(context.rows_per_group, scorer.row_multiple) if scorer is not None else 1
         result = self.buffer.select(context.step, scorer, chunk_multiple=multiple)
@@ -274,7 +311,7 @@ class GroupReplayStream(ReplayStream):
         keys, tags, rows = [], [], []
         for group in groups:
             uid = f"replay-g{group.group_id}-s{self._step}"
-            for index, row in enumerate(group_to_rows(group, uid=uid, global_steps=self._step)):
+            for index, row in enumerate(replay_rows(group, uid=uid, global_steps=self._step, media=self.media)):
                 row[REPLAY_SOURCE_FIELD] = torch.tensor(SOURCE_GROUP_REPLAY, dtype=torch.int64)
                 row[REPLAY_GROUP_FIELD] = torch.tensor(group.group_id, dtype=torch.int64)
                 key = row_key(uid, index)
@@ -403,9 +440,11 @@ class GroupReplayStream(ReplayStream):
         ingress = self._ingress_groups(fresh_keys, batch.partition_id, versions)
         admitted = self.buffer.admit(ingress.groups, self._step, generated_versions=ingress.versions)
         counts = {k: float(v) for k, v in admitted.items() if k != "events"}
+        kinds = self._annotate_ingress(admitted["events"], ingress.groups)
         stats = {
             **self._stats,
             **counts,
+            **kinds,
             "skipped_ingress": float(ingress.skipped),
             **fresh_stats(ingress.fresh_drifts, ingress.fresh_ages),
         }
@@ -415,6 +454,22 @@ class GroupReplayStream(ReplayStream):
             self.event_log.log_step(self._step, stats)
         self._by_round, self._replayed, self._stats = [], {}, {}
         return stats
+
+    @staticmethod
+    def _annotate_ingress(events: list[dict[str, Any]], groups: list[ReplayGroup]) -> dict[str, float]:
+        """Ingress records get ``turns`` (assistant turns of the group's longest trajectory) and
+        ``images`` (pictures in its prompt); returns the step's admitted multi-turn / image counts."""
+        by_id = {group.group_id: group for group in groups}
+        multi_turn = with_images = 0
+        for record in events:
+            if record.get("event") != "ingress" or record["group_id"] not in by_id:
+                continue
+            group = by_id[record["group_id"]]
+            record["turns"] = group_turns(group)
+            record["images"] = stored_images(group.meta)
+            multi_turn += record["turns"] >= 2
+            with_images += record["images"] >= 1
+        return {"ingress_multi_turn": float(multi_turn), "ingress_images": float(with_images)}
 
     def _ingress_groups(self, keys: list[str], partition_id: str, versions: dict[str, int]) -> _Ingress:
         """The fresh groups that pass ingress, as ``ReplayGroup``s in a run-independent order, with
@@ -458,14 +513,20 @@ class GroupReplayStream(ReplayStream):
             start += len(positions)
             members.sort(key=lambda row: tensor_bytes(row["responses"]))
             try:
-                groups.append(
-                    rows_to_group(
-                        members, anchor_field=self.anchor_field, require_acc=self.config.ingress == "answer_disagree"
-                    )
+                members, pictures = store_media(members, self.media)
+                group = rows_to_group(
+                    members, anchor_field=self.anchor_field, require_acc=self.config.ingress == "answer_disagree"
                 )
+                if pictures:  # once per group, not per row
+                    meta = group.meta
+                    meta["shared"][IMAGES_META] = pictures
+                    group.meta = meta
+                groups.append(group)
                 group_versions.append(versions[group_key[-1]])
             except GroupNotReplayable as reason:
-                logger.info("group %s not replayable: %s", group_key[-1], reason)
+                if str(reason) not in self._refusals:  # once per reason: verl.log says why
+                    self._refusals.add(str(reason))
+                    logger.warning("a fresh group is not replayable (counted in replay/skipped_ingress): %s", reason)
                 skipped += 1
         return _Ingress(groups, group_versions, skipped, fresh_drifts if self.measure_floor else None, fresh_ages)
 

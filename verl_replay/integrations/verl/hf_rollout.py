@@ -158,10 +158,22 @@ class _Request:
     top_p: float
     seed: int
     future: asyncio.Future = field(repr=False)
+    # verl's tool agent loop adds its tool parser's stop tokens (sampling_params["stop_token_ids"])
+    stop_token_ids: tuple[int, ...] = ()
+    # the prompt's images as the model takes them (pixel_values, image_grid_thw, mm_token_type_ids)
+    vision: Optional[dict[str, torch.Tensor]] = field(default=None, repr=False)
 
     @property
     def batch_key(self) -> tuple:
-        return (self.temperature, self.top_k, self.top_p, self.max_tokens)
+        # A request with images is generated on its own: M-RoPE positions per prompt, no padding.
+        return (
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.max_tokens,
+            self.stop_token_ids,
+            id(self) if self.vision else 0,
+        )
 
 
 class HFRolloutServer:
@@ -191,6 +203,7 @@ class HFRolloutServer:
         self.model.eval()
         tokenizer = model_config.tokenizer
         self.model_config_tokenizer = tokenizer
+        self.model_config_processor = getattr(model_config, "processor", None)
         self.eos_token_ids = self._eos_ids(self.model, tokenizer)
         self.banned_ids = unsampleable_token_ids(
             self.model.config, len(tokenizer), self.model.get_output_embeddings().weight.shape[0]
@@ -222,10 +235,11 @@ class HFRolloutServer:
     async def generate(
         self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str, **kwargs: Any
     ) -> TokenOutput:
-        if kwargs.get("image_data") or kwargs.get("video_data") or kwargs.get("audio_data"):
-            raise ValueError("hf rollout supports text-only prompts")
+        if kwargs.get("video_data") or kwargs.get("audio_data"):
+            raise ValueError("hf rollout supports text and image prompts (no video or audio)")
         prompt_ids = [int(t) for t in prompt_ids]
         params = dict(sampling_params)
+        vision = self._vision_inputs(prompt_ids, kwargs.get("image_data")) if kwargs.get("image_data") else None
         occurrence_key = (self.global_steps, tuple(prompt_ids))
         occurrence = self._occurrences[occurrence_key]
         self._occurrences[occurrence_key] += 1
@@ -238,6 +252,8 @@ class HFRolloutServer:
             top_p=float(params.get("top_p", 1.0)),
             seed=request_seed(self.base_seed, self.global_steps, prompt_ids, occurrence),
             future=asyncio.get_running_loop().create_future(),
+            stop_token_ids=tuple(sorted({int(t) for t in params.get("stop_token_ids") or []})),
+            vision=vision,
         )
         self._pending.append(request)
         if self._batcher is None or self._batcher.done():
@@ -249,6 +265,28 @@ class HFRolloutServer:
             stop_reason="completed",
             extra_fields={"global_steps": self.global_steps},
         )
+
+    def _vision_inputs(self, prompt_ids: list[int], images: list[Any]) -> dict[str, torch.Tensor]:
+        """The image processor's patches of ``images`` for a prompt whose image placeholders verl's
+        agent loop has already expanded (one ``<|image_pad|>`` per merged patch)."""
+        processor = getattr(self.model_config_processor, "image_processor", None)
+        if processor is None:
+            raise ValueError("hf rollout: an image prompt needs the checkpoint's processor (none was loaded)")
+        features = processor(images=list(images), return_tensors="pt")
+        image_token_id = self.model.config.image_token_id
+        ids = torch.tensor(prompt_ids)
+        merge = int(processor.merge_size) ** 2
+        expected = int(features["image_grid_thw"].prod(dim=-1).sum()) // merge
+        if int((ids == image_token_id).sum()) != expected:
+            raise ValueError(
+                f"hf rollout: the prompt has {int((ids == image_token_id).sum())} image tokens, its images "
+                f"{expected} merged patches"
+            )
+        return {
+            "pixel_values": features["pixel_values"],
+            "image_grid_thw": features["image_grid_thw"],
+            "mm_token_type_ids": (ids == image_token_id).to(torch.int64)[None, :],
+        }
 
     async def _drain(self) -> None:
         while self._pending:
@@ -288,10 +326,11 @@ class HFRolloutServer:
         )
         from transformers import GenerationConfig, LogitsProcessorList
 
+        stops = self.eos_token_ids + [t for t in first.stop_token_ids if t not in self.eos_token_ids]
         generation_config = GenerationConfig(
             do_sample=False,
             max_new_tokens=first.max_tokens,
-            eos_token_id=self.eos_token_ids,
+            eos_token_id=stops,
             pad_token_id=self.pad_token_id,
         )
         output = self.model.generate(
@@ -299,17 +338,21 @@ class HFRolloutServer:
             attention_mask=attention_mask,
             generation_config=generation_config,
             logits_processor=LogitsProcessorList([sampler]),
+            **(first.vision or {}),  # a request with images is a batch of one (see batch_key)
         )
         generated = output[:, longest:]  # [B, R]
         step_log_probs = torch.stack(sampler.step_log_probs, dim=1)  # [B, R]
-        return [self._trim(generated[row], step_log_probs[row]) for row in range(len(requests))]
+        return [self._trim(generated[row], step_log_probs[row], stops) for row in range(len(requests))]
 
-    def _trim(self, tokens: torch.Tensor, log_probs: torch.Tensor) -> tuple[list[int], list[float]]:
-        """Cut a generated row after its first eos (kept, as vLLM keeps it)."""
+    def _trim(
+        self, tokens: torch.Tensor, log_probs: torch.Tensor, stops: Optional[list[int]] = None
+    ) -> tuple[list[int], list[float]]:
+        """Cut a generated row after its first eos or stop token (kept, as vLLM keeps it)."""
+        stops = self.eos_token_ids if stops is None else stops
         token_list = tokens.tolist()
         end = len(token_list)
         for index, token in enumerate(token_list):
-            if token in self.eos_token_ids:
+            if token in stops:
                 end = index + 1
                 break
         return token_list[:end], log_probs[:end].tolist()

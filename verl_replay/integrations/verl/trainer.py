@@ -150,6 +150,8 @@ class ReplayTrainerMixin:
 
     def _init_tokenizer(self) -> None:
         super()._init_tokenizer()
+        if self.group_replay is not None:  # image groups are stored as pictures, rebuilt with the processor
+            self.group_replay.set_processor(getattr(self, "processor", None), self.tokenizer)
         if self.replay_config.uses_elite:
             from verl_replay.integrations.verl.elite_replay import EliteReplayStream
 
