@@ -652,6 +652,18 @@ def _check_replaceable(root: Path) -> None:
         )
 
 
+def _replace_dir(tmp: Path, root: Path, token: str) -> None:
+    """Rename the finished build ``tmp`` to ``root``. Directories cannot be replaced atomically when
+    the target is non-empty: the old tree is moved aside first, then removed."""
+    if root.exists():
+        trash = root.parent / f".{root.name}.old-{token}"
+        os.replace(root, trash)
+        os.replace(tmp, root)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, root)
+
+
 def build_tiny_assets(
     root: Path | str | None = None,
     *,
@@ -685,15 +697,7 @@ def build_tiny_assets(
         try:
             tmp.mkdir()
             _build_into(tmp, root, seed, model_arch, steps)
-            if root.exists():
-                # Directories cannot be replaced atomically when the target is non-empty:
-                # move the old tree aside first, then rename the new one into place.
-                trash = root.parent / f".{root.name}.old-{token}"
-                os.replace(root, trash)
-                os.replace(tmp, root)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                os.replace(tmp, root)
+            _replace_dir(tmp, root, token)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -50,6 +50,7 @@ from verl_replay.data.tiny_assets import (
     _file_hashes,
     _model_class,
     _quiet_progress_bars,
+    _replace_dir,
     _save_processor,
     _sha256,
     _single_thread,
@@ -427,13 +428,7 @@ def build_tiny_task(
             partial = tmp / f".{MANIFEST_NAME}.partial"
             partial.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
             os.replace(partial, tmp / MANIFEST_NAME)
-            if root.exists():
-                trash = root.parent / f".{root.name}.old-{token}"
-                os.replace(root, trash)
-                os.replace(tmp, root)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                os.replace(tmp, root)
+            _replace_dir(tmp, root, token)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
