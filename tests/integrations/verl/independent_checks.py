@@ -336,3 +336,55 @@ def check_replay_metric_values(events: list[dict], metrics: list[dict], dump, *,
             scores.append(born_scores[text][0])
         assert m["replay/score/mean"] == _approx(sum(scores) / len(scores)), (step, scores)
     return steps_with_replay
+
+
+# verl's data metrics that replay must leave to the fresh rows (critic/* and response_length/* from
+# the fresh rows only, actor/entropy from their old-log-prob forward)
+FRESH_ONLY_METRICS = (
+    "critic/score/mean",
+    "critic/rewards/mean",
+    "critic/advantages/mean",
+    "critic/advantages/max",
+    "critic/advantages/min",
+    "response_length/mean",
+    "prompt_length/mean",
+    "actor/entropy",
+)
+
+
+def _fresh_rows_of_step(rows: list[AuditedRow], global_step: int) -> list[tuple]:
+    """The global step's fresh rows as its update saw them, every copy (one per PPO epoch), in a
+    fixed order: (tokens, old log-probs, advantages)."""
+    found = [
+        (r.tokens, r.old_log_probs, r.advantage) for r in rows if r.source == FRESH and r.global_step == global_step
+    ]
+    assert found, f"no fresh rows audited in global step {global_step}"
+    return sorted(found, key=lambda item: (item[0], item[2].tolist(), item[1].tolist()))
+
+
+def check_fresh_rows_untouched(
+    on_rows: list[AuditedRow],
+    off_rows: list[AuditedRow],
+    on_metrics: list[dict],
+    off_metrics: list[dict],
+    *,
+    through_step: int,
+) -> int:
+    """With replay on, each global step's fresh rows are what the same step gives with replay off
+    (same seed, synchronous trainer), through the first step that trained on replayed rows (after
+    it the weights differ): the same responses, the same advantages, the same old log-probs (up to
+    the float summation order of a different micro-batch split), the same fresh-only metrics.
+    Returns the number of replayed rows the compared updates trained on."""
+    replayed = 0
+    for step in range(1, through_step + 1):
+        on, off = _fresh_rows_of_step(on_rows, step), _fresh_rows_of_step(off_rows, step)
+        assert [r[0] for r in on] == [r[0] for r in off], f"step {step}: the fresh responses differ"
+        for (tokens, on_old, on_adv), (_, off_old, off_adv) in zip(on, off, strict=True):
+            torch.testing.assert_close(on_adv, off_adv, rtol=1e-6, atol=1e-6, msg=f"step {step}: advantages")
+            torch.testing.assert_close(on_old, off_old, rtol=1e-5, atol=1e-5, msg=f"step {step}: old log-probs")
+        m_on, m_off = on_metrics[step - 1], off_metrics[step - 1]
+        assert m_on["training/global_step"] == m_off["training/global_step"] == step
+        for key in FRESH_ONLY_METRICS:
+            assert m_on[key] == _approx(m_off[key]), (step, key, m_on[key], m_off[key])
+        replayed += sum(r.source == GROUP_REPLAY and r.global_step == step for r in on_rows)
+    return replayed

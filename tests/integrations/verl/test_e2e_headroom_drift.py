@@ -2,7 +2,8 @@
 
 One 6-step run checks that groups are scanned, accepted and rejected by the drift gate, and that
 inside the actor update the replayed rows carried their stored anchor as ``old_log_probs`` and
-their stored advantages (the loss records them with ``replay.audit_dir``). A second run, with the
+their stored advantages (the loss records them with ``replay.audit_dir``); a run of the same seed
+with replay off shows that the fresh rows of the steps up to the first replay are untouched. A second run, with the
 replayed rows' old-log-prob forward recomputed (``replay.recompute_replayed_log_probs=true``), is
 killed with SIGKILL at a random point after a checkpoint and resumed by naming its run dir: step for
 step it must make the same selections and the same update, bitwise, as the straight run, which
@@ -16,6 +17,7 @@ import math
 import pytest
 import torch
 from crash import kill_after_checkpoint
+from independent_checks import check_fresh_rows_untouched
 from replay_audit import GROUP_REPLAY, first_fresh_occurrences, read_audit
 
 from verl_replay.compare.collect import read_metrics
@@ -23,7 +25,7 @@ from verl_replay.headroom_drift.buffer import HeadroomDriftBuffer
 from verl_replay.headroom_drift.events import read_events
 
 # what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
-E2E_SECONDS = 330
+E2E_SECONDS = 420
 
 pytestmark = pytest.mark.e2e
 
@@ -119,6 +121,22 @@ def test_headroom_drift_replay_end_to_end(run_main, spawn_main, tmp_path):
 
     # Replayed rows are reported apart from the fresh rollouts' scores.
     assert any("replay/score/mean" in m for m in metrics)
+
+    # Fresh rows untouched: the same seed with replay off (verl's own GRPO), through the first step
+    # that trained on replayed rows, gives the same fresh responses, advantages, old log-probs and
+    # fresh-only metrics.
+    first_replay = next(int(m["training/global_step"]) for m in metrics if m["replay/accepted"] > 0)
+    assert first_replay <= 3, f"no replayed group before step {first_replay}: the off run would be long"
+    off = run_main(
+        "replay.strategy=none",
+        f"trainer.total_training_steps={first_replay}",
+        f"replay.audit_dir={tmp_path / 'audit_off'}",
+        experiment="off",
+    )
+    replayed_rows = check_fresh_rows_untouched(
+        rows, read_audit(tmp_path / "audit_off"), metrics, off.metrics, through_step=first_replay
+    )
+    assert replayed_rows > 0
 
     events = read_events(run.run_dir / "replay_events.jsonl")
     assert {e["event"] for e in events} >= {"ingress", "scan", "step"}

@@ -13,7 +13,8 @@ accumulated gradient of an optimiser step is exactly that of the formula over it
 whatever the micro-batch split, dynamic batch sizing or data-parallel split.
 
 With ``replay.audit_dir`` set, every micro-batch also records what the update actually trained on
-for its replayed rows, so tests can check the real update from the inside.
+for every row (fresh and replayed; with ``replay.strategy=none`` too), so tests can check the
+real update from the inside.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
 from verl_replay.elite.losses import per_row_mean_nll
-from verl_replay.integrations.verl.rows import REPLAY_GROUP_FIELD, REPLAY_SOURCE_FIELD, SOURCE_ELITE
+from verl_replay.integrations.verl.rows import REPLAY_GROUP_FIELD, REPLAY_SOURCE_FIELD, SOURCE_ELITE, SOURCE_FRESH
 
 ELITE_ROWS_FIELD = "elite_rows_global"
 OPTIMIZER_STEP_FIELD = "replay_optimizer_step"
@@ -100,7 +101,13 @@ class ReplayActorLoss:
 
     def __call__(self, model_output: dict, data: Any, dp_group: Any = None):
         if REPLAY_SOURCE_FIELD not in data.keys():
-            return ppo_loss(self.actor_config, model_output, data, dp_group)
+            # verl's own rows (replay.strategy=none): every row is fresh; audited like the others so
+            # a run without replay is the reference a replay run's fresh rows are checked against
+            loss, metrics = ppo_loss(self.actor_config, model_output, data, dp_group)
+            if self.audit_dir is not None:
+                rows = int(data["responses"].shape[0])
+                self._audit(data, torch.full((rows,), SOURCE_FRESH, dtype=torch.int64), None, loss, None)
+            return loss, metrics
         source = torch.as_tensor(data[REPLAY_SOURCE_FIELD]).reshape(-1)  # [B]
         is_elite = source == SOURCE_ELITE
         if not self.elite:
@@ -161,7 +168,8 @@ class ReplayActorLoss:
         record: dict[str, Any] = {name: padded[name].detach().cpu() for name in names}
         record["prompts"] = [data["prompts"][i].detach().cpu() for i in range(source.numel())]
         record[REPLAY_SOURCE_FIELD] = source.cpu()
-        record[REPLAY_GROUP_FIELD] = torch.as_tensor(data[REPLAY_GROUP_FIELD]).reshape(-1).cpu()
+        groups = data[REPLAY_GROUP_FIELD] if REPLAY_GROUP_FIELD in data.keys() else torch.full_like(source, -1)
+        record[REPLAY_GROUP_FIELD] = torch.as_tensor(groups).reshape(-1).cpu()
         record["loss"] = float(loss.detach())
         for name in (OPTIMIZER_STEP_FIELD, AUDIT_STEP_FIELD, AUDIT_ROUND_FIELD):
             if name in data.keys():

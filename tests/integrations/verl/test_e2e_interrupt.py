@@ -1,0 +1,74 @@
+"""Ctrl-C on a real run: SIGINT to the run's process group (what a terminal sends to the foreground
+job) while verl's loop trains. The run must stop within a bounded time with exit code 130 and one
+line that says how to resume, leave no process of its Ray cluster behind, release its run dir, and
+the line's own advice (``run_dir=...``) must resume it from its last checkpoint to the end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from crash import kill_tree
+
+# what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
+E2E_SECONDS = 200
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 3
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_ctrl_c_stops_the_run_with_130_cleans_up_and_the_advice_resumes_it(run_main, tmp_path):
+    run_dir = tmp_path / "outputs" / "interrupted"
+    env = dict(os.environ, VERL_REPLAY_OUTPUT_DIR=str(tmp_path / "outputs"), PYTHONUNBUFFERED="1")
+    env.pop("VERL_FILE_LOGGER_PATH", None)
+    overrides = ("replay.strategy=none", f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1")
+    command = [sys.executable, "-m", "verl_replay.main", "trainer.experiment_name=interrupted", *overrides]
+    process = subprocess.Popen(
+        [*command, f"run_dir={run_dir}"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, like a job in a terminal
+    )
+    latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+    try:
+        deadline = time.monotonic() + 900  # a hang guard: a starved machine may take long to get here
+        while not (latest.exists() and latest.read_text().strip() == "1"):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no checkpoint at step 1 within 900 s"
+            time.sleep(0.1)
+        tree = _descendants(process.pid)
+        assert tree, "the run started no process (Ray, its workers)"
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=300)
+    except BaseException:
+        kill_tree(process)
+        raise
+    assert process.returncode == 130, (out, err)
+    lines = err.splitlines()
+    assert lines[-1] == "verl_replay: interrupted; resume with run_dir=outputs/interrupted", err
+    assert "Traceback" not in out + err
+    # nothing of the run's Ray cluster outlives it (checked with a grace period for their exit)
+    _, alive = psutil.wait_procs(tree, timeout=60)
+    assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], alive
+
+    # what the line says to do: the same command with run_dir, which resumes after the checkpoint
+    resumed = run_main(*overrides, experiment="interrupted", run_dir=run_dir)
+    assert "resuming outputs/interrupted" in resumed.output
+    steps = [int(m["training/global_step"]) for m in resumed.metrics]
+    assert steps[-1] == STEPS and steps[0] in (2, 3), steps
