@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -100,7 +99,9 @@ def test_shell_line_round_trips(tmp_path):
 
     run = _plan(tmp_path, seeds=[2]).runs[0]
     words = shlex.split(run.shell())
-    assert words[0] == "env" and f"RUN_DIR={run.run_dir}" in words and words[-len(run.argv) :] == run.argv
+    assert run.argv and words[0] == "env" and words[-len(run.argv) :] == run.argv
+    assigned = dict(word.split("=", 1) for word in words[1 : -len(run.argv)])
+    assert assigned == run.env and assigned["RUN_DIR"] == str(run.run_dir)
 
 
 def test_cli_dry_run_prints_every_command(tmp_path):
@@ -118,4 +119,7 @@ def test_cli_dry_run_prints_every_command(tmp_path):
         [sys.executable, "-m", "verl_replay.compare", "--dry-run", "--arms", "nope"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "--arms" in bad.stderr
-    assert math.isfinite(tau_rule())
+    # the gated arm runs at the documented tau; no other arm is given one
+    gated = [line for line in lines if "recipes/headroom_drift_math.sh" in line]
+    assert len(gated) == 3 and all(f"TAU={tau_rule():g} " in line for line in gated), gated
+    assert sum("TAU=" in line for line in lines) == 3

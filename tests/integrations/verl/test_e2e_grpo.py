@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -147,7 +149,9 @@ def test_grpo_loop_runs_updates_the_actor_and_matches_verls_own(run_main, tiny_a
     assert any(step["actor/grad_norm"] > 0 for step in metrics)
     check_tiny_sql_signal(metrics)
     trained_dir = run.run_dir / "checkpoints" / "global_step_3" / "actor" / "huggingface"
-    check_update_favours_rewarded_answers(json.loads(probe_path.read_text()), tiny_assets, trained_dir)
+    check_update_favours_rewarded_answers(
+        json.loads(probe_path.read_text()), tiny_assets, trained_dir, metrics[0]["critic/score/mean"]
+    )
 
     before = load_file(str(tiny_assets.sql_model_dir / "model.safetensors"))
     after = load_file(str(trained_dir / "model.safetensors"))
@@ -176,6 +180,30 @@ def check_tiny_sql_signal(metrics: list[dict]) -> None:
     assert sum(step["actor/grad_norm"] for step in metrics) > 0
 
 
+_SQL_BLOCK = re.compile(r"```sql\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def _reward_by_sqlite(text: str, golds: list[str], db_path: str) -> float:
+    """1.0 when the response's last ```sql block (closed or cut off by the length limit) returns the
+    same set of rows as one of the gold queries (the BIRD rule the tiny task scores by), else 0.0;
+    executed with ``sqlite3`` alone on a read-only connection, under an operation budget."""
+    blocks = _SQL_BLOCK.findall(text)
+    if not blocks:
+        return 0.0
+    predicted = blocks[-1].strip().rstrip(";").strip()
+    connection = sqlite3.connect(f"{Path(db_path).absolute().as_uri()}?mode=ro", uri=True)
+    budget = iter(range(10_000))  # progress calls of 1,000 VM steps each: 10M steps, then interrupt
+    connection.set_progress_handler(lambda: next(budget, None) is None, 1000)
+    try:
+        try:
+            answer = set(connection.execute(predicted).fetchall())
+        except (sqlite3.Error, sqlite3.Warning):
+            return 0.0
+        return float(any(answer == set(connection.execute(gold).fetchall()) for gold in golds))
+    finally:
+        connection.close()
+
+
 def _sequence_log_probs(model_dir: Path, rows: list[tuple[list[int], list[int]]]) -> list[float]:
     """Sum of the response tokens' log-probs (temperature 1, as sampled) under a checkpoint."""
     from transformers import AutoModelForImageTextToText
@@ -192,18 +220,17 @@ def _sequence_log_probs(model_dir: Path, rows: list[tuple[list[int], list[int]]]
     return out
 
 
-def check_update_favours_rewarded_answers(probe: dict, tiny_assets, trained_dir: Path) -> None:
+def check_update_favours_rewarded_answers(probe: dict, tiny_assets, trained_dir: Path, step1_score: float) -> None:
     """The tiny SQL run learns in the sense a few GRPO steps can show on a 0.2M-parameter model: the
     trained policy moves probability toward the first batch's rewarded answers, relative to the
     wrong ones of the same question (sequence log-prob gain of right minus wrong answers > 1 nat).
-    Rewards are recomputed here by executing each decoded answer
-    against the task's SQLite database (not read from the run); the log-probs come from
-    independent forwards of the warm start and of the step-3 checkpoint. A sign error in the
-    advantages, a zero gradient or a broken reward would each fail it."""
+    Rewards are recomputed here without ``verl_replay``, by executing each decoded answer with
+    ``sqlite3`` on a read-only connection to the task's database, and their mean must be the run's
+    own step-1 score (the probe batch is step 1's); the log-probs come from independent forwards of
+    the warm start and of the step-3 checkpoint. A sign error in the advantages, a zero gradient or
+    a broken reward would each fail it."""
     import pandas as pd
     from transformers import AutoTokenizer
-
-    from verl_replay.rewards import compute_score
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_assets.sql_model_dir)
     rows_by_prompt = {}
@@ -218,7 +245,9 @@ def check_update_favours_rewarded_answers(probe: dict, tiny_assets, trained_dir:
     for prompt, response in zip(prompts, responses, strict=True):
         gold, extra = rows_by_prompt[tuple(prompt)]
         text = tokenizer.decode(response, skip_special_tokens=True)
-        rewards.append(compute_score("tiny_sql", text, gold, extra)["score"])
+        golds = [gold] + [g for g in extra["gold_sqls"] if g != gold]
+        rewards.append(_reward_by_sqlite(text, golds, extra["db_path"]))
+    assert sum(rewards) / len(rewards) == pytest.approx(step1_score, abs=1e-9), rewards
     rows = list(zip(prompts, responses, strict=True))
     gain = [
         a - b
