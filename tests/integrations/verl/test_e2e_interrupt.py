@@ -1,7 +1,11 @@
 """Ctrl-C on a real run: SIGINT to the run's process group (what a terminal sends to the foreground
 job) while verl's loop trains. The run must stop within a bounded time with exit code 130 and one
 line that says how to resume, leave no process of its Ray cluster behind, release its run dir, and
-the line's own advice (``run_dir=...``) must resume it from its last checkpoint to the end."""
+the line's own advice (``run_dir=...``) must resume it from its last checkpoint to the end.
+
+The run is IID archive replay (``replay.strategy=elite_iid``, the EliteReplay paper's control arm)
+on tiny SQL, so that arm trains through verl here too: its update rows are archive entries, read
+back from the archive file, and the loss it backpropagated holds the replay term."""
 
 from __future__ import annotations
 
@@ -13,7 +17,9 @@ import time
 
 import psutil
 import pytest
+import torch
 from crash import kill_tree
+from replay_audit import ELITE
 
 # what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
 E2E_SECONDS = 200
@@ -21,6 +27,7 @@ E2E_SECONDS = 200
 pytestmark = pytest.mark.e2e
 
 STEPS = 3
+ELITE_ROWS = 4
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -30,11 +37,21 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-def test_ctrl_c_stops_the_run_with_130_cleans_up_and_the_advice_resumes_it(run_main, tmp_path):
-    run_dir = tmp_path / "outputs" / "interrupted"
+def test_ctrl_c_stops_the_run_with_130_cleans_up_and_the_advice_resumes_it(
+    run_main, tiny_archive, tiny_assets, tmp_path
+):
+    run_dir, audit = tmp_path / "outputs" / "interrupted", tmp_path / "audit"
     env = dict(os.environ, VERL_REPLAY_OUTPUT_DIR=str(tmp_path / "outputs"), PYTHONUNBUFFERED="1")
     env.pop("VERL_FILE_LOGGER_PATH", None)
-    overrides = ("replay.strategy=none", f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1")
+    overrides = (
+        "tiny_task=sql",
+        "replay.strategy=elite_iid",
+        f"replay.elite.archive={tiny_archive}",
+        f"replay.elite.batch_size={ELITE_ROWS}",
+        f"replay.audit_dir={audit}",
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.save_freq=1",
+    )
     command = [sys.executable, "-m", "verl_replay.main", "trainer.experiment_name=interrupted", *overrides]
     process = subprocess.Popen(
         [*command, f"run_dir={run_dir}"],
@@ -72,3 +89,33 @@ def test_ctrl_c_stops_the_run_with_130_cleans_up_and_the_advice_resumes_it(run_m
     assert "resuming outputs/interrupted" in resumed.output
     steps = [int(m["training/global_step"]) for m in resumed.metrics]
     assert steps[-1] == STEPS and steps[0] in (2, 3), steps
+    check_archive_rows_trained(audit, tiny_archive, tiny_assets.sql_model_dir, resumed.metrics)
+
+
+def check_archive_rows_trained(audit, archive, model_dir, metrics: list[dict]) -> None:
+    """IID archive replay trained: every global step put ``ELITE_ROWS`` archive responses into its
+    update, each one an entry of the archive file (its text, read with pyarrow), and each micro-batch
+    holding them backpropagated (1 - mu) GRPO + mu x their length-normalised NLL."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    texts = set(pq.read_table(archive, columns=["text"]).column("text").to_pylist())
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    for m in metrics:
+        assert m["replay/elite/examples"] == ELITE_ROWS and m["replay/elite/nll"] > 0, m
+    records = [torch.load(path) for path in sorted(audit.glob("*.pt"))]
+    trained = 0
+    for record in records:
+        rows = (record["replay_source"] == ELITE).nonzero().flatten().tolist()
+        if not rows:
+            continue
+        for row in rows:
+            valid = int(record["response_mask"][row].sum())
+            text = tokenizer.decode(record["responses"][row][:valid], skip_special_tokens=True)
+            assert text in texts, f"an elite row that is no archive entry: {text!r}"
+        assert record["mu"] == 0.05 and record["replay_term"] > 0
+        torch.testing.assert_close(
+            torch.tensor(record["loss"]), torch.tensor(0.95 * record["grpo_loss"] + 0.05 * record["replay_term"])
+        )
+        trained += len(rows)
+    assert trained >= ELITE_ROWS * len(metrics), trained
