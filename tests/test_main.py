@@ -189,7 +189,7 @@ def test_a_misspelled_verl_key_gets_a_did_you_mean_not_hydras_plus(tmp_path):
 def test_an_unknown_tiny_task_lists_the_valid_ones(tmp_path):
     result, _ = run_cli(tmp_path, "tiny_task=sqll")
     assert result.returncode == 2 and result.stderr.splitlines() == [
-        "verl_replay: tiny_task=sqll is not a tiny task; use one of: math, sql, search, image"
+        "verl_replay: tiny_task=sqll is not a tiny task; use one of: math, sql, search, image, arith"
     ]
 
 

@@ -133,9 +133,9 @@ _TINY_TASK_PARTS = {"train": "train", "val": "val", "model": "model_dir", "tools
 def _tiny_asset(name: str) -> Optional[str]:
     """``${tiny_asset:model}`` etc.: path of a tiny local asset, built and cached on first use."""
     task, _, part = name.partition("_")
-    if part == "tools" and task in ("math", "sql", "image"):
+    if part == "tools" and task in ("math", "sql", "image", "arith"):
         return None  # tasks without tools: no tool config (and nothing is built)
-    if task in ("search", "image") and part in _TINY_TASK_PARTS:
+    if task in ("search", "image", "arith") and part in _TINY_TASK_PARTS:
         value = getattr(_tiny_task(task), _TINY_TASK_PARTS[part])
         if value is None:
             raise KeyError(f"tiny asset {name!r}: the {task} task has no {part}")

@@ -23,6 +23,7 @@ imports no verl/ray/torch.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import string
@@ -30,7 +31,16 @@ from typing import Any
 
 from verl_replay.verifiers.extract import extract_sql
 
-__all__ = ["compute_score", "is_math_source", "is_search_source", "is_sql_source", "search_exact_match"]
+__all__ = [
+    "compute_score",
+    "control_reward",
+    "exact_answer_match",
+    "is_exact_answer_source",
+    "is_math_source",
+    "is_search_source",
+    "is_sql_source",
+    "search_exact_match",
+]
 
 _SQL_SOURCES = frozenset({"bird", "spider", "ambiqt", "tiny_sql"})
 # Substrings that identify math datasets as they appear in verl data_source fields
@@ -43,6 +53,21 @@ _SEARCH_SOURCES = frozenset(
     {"tiny_search", "nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"}
 )
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# Tasks whose whole response is the answer (the tiny addition task: "579" and eos).
+_EXACT_ANSWER_SOURCES = frozenset({"tiny_arith"})
+
+
+def is_exact_answer_source(data_source: str) -> bool:
+    return data_source.lower() in _EXACT_ANSWER_SOURCES
+
+
+def exact_answer_match(solution_str: str, ground_truth: Any) -> dict[str, Any]:
+    """The whole response, stripped of surrounding whitespace, equals a gold answer; ``acc`` equals ``score``."""
+    answer = (solution_str or "").strip()
+    if not answer:
+        return {"score": 0.0, "acc": 0.0, "reason": "no_answer"}
+    correct = answer in {str(g).strip() for g in _as_list(ground_truth)}
+    return {"score": float(correct), "acc": float(correct), "reason": "correct" if correct else "mismatch"}
 
 
 def is_search_source(data_source: str) -> bool:
@@ -182,6 +207,7 @@ def compute_score(
     Math sources (gsm8k, MATH, AIME, AMC, Minerva, OlympiadBench, ...): ``verify_math``.
     Search sources (Search-R1's nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique,
     bamboogle, names starting with ``search``, and tiny_search): ``search_exact_match``.
+    Whole-response answers (tiny_arith): ``exact_answer_match``.
     Any other name is dispatched by the row's ``extra_info``: ``db_path`` -> SQL,
     ``benchmark`` -> math (``verl_replay.data`` writes math training rows as ``"train"``).
 
@@ -191,11 +217,47 @@ def compute_score(
     kill; ``"inline"`` runs SQL in the calling thread with SQLite's limits only). Unknown
     sources raise ``ValueError`` (a configuration error, not a model error); so does an SQL
     row without ``extra_info["db_path"]``.
+
+    ``control_reward_rate`` (a probability; default unset) turns the reward of *training* rows
+    (``extra_info["split"] == "train"``) into a control that carries no information about the
+    answer: score and acc are 1 with that probability, drawn from a hash of the row and the
+    response (the same response to the same row always gets the same reward); ``task_acc`` keeps
+    the real correctness. Validation rows are scored as usual, so a control run's validation
+    still measures the task.
     """
-    format_bonus = float(kwargs.get("format_bonus", 0.0))
     info = extra_info if isinstance(extra_info, dict) else {}
+    result = _task_score(data_source, solution_str, ground_truth, extra_info, info, kwargs)
+    rate = kwargs.get("control_reward_rate")
+    if rate is not None and info.get("split") == "train":
+        return control_reward(data_source, solution_str, ground_truth, info, float(rate), result["acc"])
+    return result
+
+
+def control_reward(
+    data_source: str, solution_str: str, ground_truth: Any, info: dict[str, Any], rate: float, task_acc: float
+) -> dict[str, Any]:
+    """A reward independent of the answer's correctness: 1 with probability ``rate``, from a hash."""
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"control_reward_rate must be a probability in [0, 1], got {rate}")
+    key = "\0".join(str(part) for part in (data_source, ground_truth, info.get("index"), solution_str))
+    draw = int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()[:8], "big") / 2.0**64
+    rewarded = float(draw < rate)
+    return {"score": rewarded, "acc": rewarded, "reason": "control", "task_acc": float(task_acc)}
+
+
+def _task_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict[str, Any] | None,
+    info: dict[str, Any],
+    kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    format_bonus = float(kwargs.get("format_bonus", 0.0))
     if is_search_source(data_source):
         return search_exact_match(solution_str, ground_truth)
+    if is_exact_answer_source(data_source):
+        return exact_answer_match(solution_str, ground_truth)
     # Name first; then the row's own schema (verl_replay.data.prepare): SQL rows carry
     # extra_info["db_path"], math rows extra_info["benchmark"] -- math training sets are
     # written with data_source="train", which names no task.

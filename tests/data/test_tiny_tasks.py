@@ -96,3 +96,27 @@ def test_the_image_task_holds_one_picture_per_row(base):
         tt.TINY_IMAGE_SOURCE
     }
     assert (built.model_dir / "preprocessor_config.json").is_file()  # the processor verl loads
+
+
+def test_the_arith_task_validates_on_its_held_out_problems_with_the_larger_model(base):
+    from transformers import AutoConfig
+
+    from verl_replay.data import tiny_arith
+
+    built = tt.build_tiny_task("arith", base, warm_start_steps=2)
+    manifest = built.manifest()
+    assert manifest["counts"] == {"train": tiny_arith.TRAIN_PROMPTS, "val": tiny_arith.HELD_OUT_PROMPTS}
+    assert manifest["warm_start"]["teacher_noise"] == tiny_arith.TEACHER_NOISE
+    train, val = pd.read_parquet(built.train), pd.read_parquet(built.val)
+    questions = lambda rows: {row[0]["content"] for row in rows["prompt"]}  # noqa: E731
+    assert not questions(train) & questions(val)
+    assert set(train["data_source"]) == set(val["data_source"]) == {tiny_arith.TINY_ARITH_SOURCE}
+    config = AutoConfig.from_pretrained(built.model_dir)
+    assert config.architectures == ["Qwen3_5ForConditionalGeneration"]
+    shape = tt.MODEL_SIZE["arith"]
+    assert config.text_config.hidden_size == shape["hidden_size"]
+    assert config.text_config.layer_types == list(shape["layer_types"])
+    assert config.text_config.rope_parameters["rope_theta"] == shape["rope_theta"]
+    # a different warm start is a different task build, not the cached one
+    assert not tt.build_tiny_task("arith", base, warm_start_steps=2).built_now
+    assert tt.build_tiny_task("arith", base, warm_start_steps=3).built_now

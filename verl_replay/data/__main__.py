@@ -16,6 +16,7 @@ prints what was written. Examples::
     python -m verl_replay.data prepare geo3k  --input ~/data/geometry3k/data --output data/
     python -m verl_replay.data prepare tiny   --output ~/.cache/verl_replay/tiny-v1
     python -m verl_replay.data prepare tiny-search        # the tiny tasks, next to the cached tiny assets
+    python -m verl_replay.data prepare tiny-arith         # (tiny-search, tiny-image, tiny-arith)
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from pathlib import Path
 
 from verl_replay.data import prepare as prep
 
-DATASETS = ("bird", "spider", "ambiqt", "math", "search", "geo3k", "tiny", "tiny-search", "tiny-image")
+TINY_TASKS = ("tiny-search", "tiny-image", "tiny-arith")
+DATASETS = ("bird", "spider", "ambiqt", "math", "search", "geo3k", "tiny", *TINY_TASKS)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="write verl RL parquet files")
     p.add_argument("dataset", choices=DATASETS)
     p.add_argument("--input", help="local download: folder (or a file for math / ambiqt); unused for tiny")
-    p.add_argument("--output", help="output folder (tiny: the asset root; tiny-search / tiny-image: unused)")
+    p.add_argument("--output", help="output folder (tiny: the asset root; the tiny-<task> tasks: unused)")
     p.add_argument(
         "--split",
         help="bird/spider: train|dev (default dev); ambiqt: default validation; "
@@ -69,7 +71,7 @@ def _need_input(args: argparse.Namespace) -> str:
 
 
 def _run(args: argparse.Namespace) -> list[prep.PreparedFile]:
-    if args.dataset in ("tiny-search", "tiny-image"):
+    if args.dataset in TINY_TASKS:
         from verl_replay.data.tiny_tasks import build_tiny_task
 
         task = build_tiny_task(args.dataset.split("-")[1], seed=args.seed, force=args.force)

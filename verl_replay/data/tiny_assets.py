@@ -58,7 +58,7 @@ import os
 import shutil
 import statistics
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -275,8 +275,14 @@ def tiny_model_config(
     eos_id: int,
     pad_id: int,
     vision_token_ids: Mapping[str, int] | None = None,
+    hidden_size: int = TEXT_HIDDEN_SIZE,
+    intermediate_size: int = 128,
+    layer_types: Sequence[str] = ("linear_attention", "full_attention"),
+    rope_theta: float = 10_000_000.0,
 ) -> Any:
-    """Config of the tiny random model: text model hidden 64, 2 layers, 4 heads, intermediate 128.
+    """Config of the tiny random model: text model hidden 64, 2 layers, 4 heads, intermediate 128
+    (``hidden_size``, ``intermediate_size``, ``layer_types`` and ``rope_theta`` shape it for a task
+    that needs more capacity or finer positions; ``layer_types`` applies to ``qwen3_5``).
 
     ``qwen3_5``: a ``Qwen3_5Config`` (what Qwen3.5-4B's ``config.json`` holds) whose text model
     has one gated-delta-net (linear attention) layer and one full-attention layer, interleaved
@@ -285,9 +291,9 @@ def tiny_model_config(
     """
     common = dict(
         vocab_size=vocab_size,
-        hidden_size=TEXT_HIDDEN_SIZE,
-        intermediate_size=128,
-        num_hidden_layers=2,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=len(layer_types) if model_arch == "qwen3_5" else 2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=MAX_POSITIONS,
@@ -305,7 +311,7 @@ def tiny_model_config(
         text_config = dict(
             **common,
             head_dim=32,
-            layer_types=["linear_attention", "full_attention"],
+            layer_types=list(layer_types),
             linear_conv_kernel_dim=4,
             linear_key_head_dim=16,
             linear_value_head_dim=16,
@@ -315,7 +321,7 @@ def tiny_model_config(
             # over the temporal / height / width position rows (real model: [11, 11, 10]).
             rope_parameters={
                 "rope_type": "default",
-                "rope_theta": 10_000_000.0,
+                "rope_theta": rope_theta,
                 "partial_rotary_factor": 0.25,
                 "mrope_section": [2, 1, 1],
                 "mrope_interleaved": True,
@@ -330,7 +336,7 @@ def tiny_model_config(
             patch_size=PATCH_SIZE,
             temporal_patch_size=TEMPORAL_PATCH_SIZE,
             spatial_merge_size=MERGE_SIZE,
-            out_hidden_size=TEXT_HIDDEN_SIZE,
+            out_hidden_size=hidden_size,
             num_position_embeddings=64,  # an 8 x 8 grid of learned position embeddings
         )
         return Qwen3_5Config(

@@ -1,5 +1,6 @@
-"""Tiny tasks of the other two domains, built on the tiny assets' tokenizer: agentic search and
-image math. Deterministic, local, cached like the tiny assets (own folder, own manifest).
+"""Tiny tasks beyond the tiny assets' math and SQL, built on their tokenizer: agentic search, image
+math and three-digit addition. Deterministic, local, cached like the tiny assets (own folder, own
+manifest).
 
 - ``search``: questions about invented things ("What is the code of the zib?") whose answers
   (two-digit codes) are in a small local corpus; the model calls verl's tool agent loop's
@@ -13,6 +14,10 @@ image math. Deterministic, local, cached like the tiny assets (own folder, own m
   squares?", answered ``\\boxed{N}``; verl's dataset turns the prompt's ``<image>`` into an image
   part and the row's ``images`` column into the picture. The model is the tiny math model (it
   answers ``\\boxed{N}`` already) after a short warm start that runs its vision tower.
+- ``arith``: ``aaa+bbb=`` answered by the sum (:mod:`verl_replay.data.tiny_arith`), the task on
+  which GRPO is meant to learn within minutes: a larger model (hidden 128, intermediate 384, three
+  layers) warm-started on a noisy teacher, so that sampled answers are right far less often than
+  greedy ones; 256 held-out problems are the validation set.
 
 Layout of a task folder (``<tiny root>-<task>-t<version>``)::
 
@@ -37,6 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from verl_replay.data.tiny_arith import TEACHER_NOISE, Problem, arith_problems, arith_rows, warm_start_batches
 from verl_replay.data.tiny_assets import (
     IM_END,
     IM_START,
@@ -59,14 +65,26 @@ from verl_replay.data.tiny_assets import (
 )
 
 TASK_FORMAT_VERSION = 1
-TASKS = ("search", "image")
+TASKS = ("search", "image", "arith")
 TINY_SEARCH_SOURCE = "tiny_search"
 TINY_IMAGE_SOURCE = "tiny_image_math"  # "math" in the name: verl_replay.rewards scores it as math
 # search starts from a random model (the hermes tool call is new to every tiny model); image from the
 # tiny math model, which answers \boxed{N} already: a few steps put its vision tower in the loop.
-WARM_START_STEPS = {"search": 200, "image": 40}
-WARM_START_BATCH = 16
-WARM_START_LR = 3e-3
+WARM_START_STEPS = {"search": 200, "image": 40, "arith": 2500}
+WARM_START_BATCH = {"search": 16, "image": 16, "arith": 64}
+WARM_START_LR = {"search": 3e-3, "image": 3e-3, "arith": 1e-3}
+# Addition with carries needs more than the hidden-64 model of the other tasks: aligned digits are
+# found by position (rope base 1e4 for a 20-token sequence, not the real model's 1e7) and, measured
+# on 1,500 noisy-teacher steps, a third layer (two full-attention layers after the linear one)
+# learns it fastest of the shapes tried (loss 1.21 vs 1.45-1.48 for two layers).
+MODEL_SIZE = {
+    "arith": {
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "layer_types": ("linear_attention", "full_attention", "full_attention"),
+        "rope_theta": 10_000.0,
+    }
+}
 SEARCH_TOOL_NAME = "search"
 SEARCH_INSTRUCTION = "Use the search tool to look it up, then answer as \\boxed{N}."
 IMAGE_SIZE = 64
@@ -242,7 +260,7 @@ def _text_batches(
 
     generator = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        picks = torch.randint(len(sequences), (WARM_START_BATCH,), generator=generator).tolist()
+        picks = torch.randint(len(sequences), (WARM_START_BATCH["search"],), generator=generator).tolist()
         width = max(len(sequences[i][0]) for i in picks)
         input_ids = torch.full((len(picks), width), pad_id, dtype=torch.long)  # [B, W]
         attention_mask = torch.zeros_like(input_ids)  # [B, W]
@@ -274,7 +292,7 @@ def _image_batches(hf_tok: Any, image_processor: Any, examples: Sequence[tuple[b
     generator = torch.Generator().manual_seed(seed)
     pad_id = hf_tok.pad_token_id
     for _ in range(steps):
-        picks = torch.randint(len(examples), (WARM_START_BATCH,), generator=generator).tolist()
+        picks = torch.randint(len(examples), (WARM_START_BATCH["image"],), generator=generator).tolist()
         width = max(len(encoded[i][0]) for i in picks)
         input_ids = torch.full((len(picks), width), pad_id, dtype=torch.long)  # [B, W]
         attention_mask = torch.zeros_like(input_ids)  # [B, W]
@@ -295,10 +313,29 @@ def _image_batches(hf_tok: Any, image_processor: Any, examples: Sequence[tuple[b
         }
 
 
-def _train(model: Any, batches: Iterator[dict[str, Any]]) -> float:
+def _arith_batches(hf_tok: Any, held_out: Sequence[Problem], seed: int, steps: int) -> Iterator[dict[str, Any]]:
+    """The noisy teacher's batches, each prompt in the chat template the rollout applies."""
+
+    def encode_prompt(question: str) -> list[int]:
+        messages = [{"role": "user", "content": question}]
+        return list(hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+    return warm_start_batches(
+        encode_prompt,
+        lambda text: hf_tok.encode(text, add_special_tokens=False),
+        eos_id=hf_tok.eos_token_id,
+        pad_id=hf_tok.pad_token_id,
+        held_out=held_out,
+        seed=seed,
+        steps=steps,
+        batch_size=WARM_START_BATCH["arith"],
+    )
+
+
+def _train(model: Any, batches: Iterator[dict[str, Any]], lr: float) -> float:
     import torch
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=WARM_START_LR)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     loss_value = float("nan")
     for batch in batches:
@@ -318,7 +355,9 @@ def _train_model(model_dir: Path, base: TinyAssets, task: str, payload: Any, see
     hf_tok = AutoTokenizer.from_pretrained(base.model_dir)
     eos_id, pad_id = hf_tok.eos_token_id, hf_tok.pad_token_id
     vision_ids = {t: hf_tok.convert_tokens_to_ids(t) for t in (VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)}
-    config = tiny_model_config("qwen3_5", len(hf_tok), eos_id=eos_id, pad_id=pad_id, vision_token_ids=vision_ids)
+    config = tiny_model_config(
+        "qwen3_5", len(hf_tok), eos_id=eos_id, pad_id=pad_id, vision_token_ids=vision_ids, **MODEL_SIZE.get(task, {})
+    )
     with torch.random.fork_rng(devices=[]), _single_thread():
         torch.manual_seed(seed)
         if task == "image":  # from the math model: it answers \boxed{N} already, only the pictures are new
@@ -327,12 +366,14 @@ def _train_model(model_dir: Path, base: TinyAssets, task: str, payload: Any, see
             model = _model_class("qwen3_5").from_config(config, dtype=torch.float32)
         if task == "search":
             batches = _text_batches(search_trajectories(hf_tok, payload), pad_id, seed, steps)
+        elif task == "arith":
+            batches = _arith_batches(hf_tok, payload, seed, steps)
         else:
             from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
             image_processor = Qwen2VLImageProcessorPil.from_pretrained(base.model_dir)
             batches = _image_batches(hf_tok, image_processor, payload, seed, steps)
-        loss = _train(model, batches)
+        loss = _train(model, batches, WARM_START_LR[task])
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
     with _quiet_progress_bars():
         model.save_pretrained(model_dir, safe_serialization=True)
@@ -363,6 +404,9 @@ def _build_into(tmp: Path, final: TinyTask, base: TinyAssets, task: str, seed: i
         write_corpus(search_corpus(facts), staged.corpus)
         staged.tool_config.write_text(tool_config_yaml(final.corpus), encoding="utf-8")
         train, val, payload = search_rows(facts, "train"), search_rows(facts[:4], "val"), facts
+    elif task == "arith":
+        problems, held_out = arith_problems(seed)
+        train, val, payload = arith_rows(problems, "train"), arith_rows(held_out, "val"), held_out
     else:
         examples = image_examples(seed)
         train, val, payload = image_rows(examples, "train"), image_rows(examples[:4], "val"), examples
@@ -382,6 +426,10 @@ def _identity(base: TinyAssets, task: str, seed: int, steps: int) -> dict[str, A
     }
     if task == "image":  # warm-started from the math model's weights
         identity["base_model"] = _sha256(base.model_dir / "model.safetensors")
+    if task == "arith":  # its warm start is what makes it learnable: a change of any of it rebuilds
+        warm_start = {"batch": WARM_START_BATCH[task], "lr": WARM_START_LR[task], "teacher_noise": TEACHER_NOISE}
+        # as the manifest stores it (JSON: tuples read back as lists), so a cached build compares equal
+        identity["warm_start"] = json.loads(json.dumps({**warm_start, **MODEL_SIZE[task]}))
     return identity
 
 
