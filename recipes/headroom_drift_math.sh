@@ -18,6 +18,8 @@
 # step), TAU, REPLAY_CAPACITY, EVAL_N, EVAL_K, EVAL_MODEL, STAGES.
 # DRY_RUN=1: compose + validate + print the training config on CPU; the eval command is only printed.
 # TINY=1: the same recipe at toy scale on CPU (tiny math model and data, hf backends).
+# TINY=1 TINY_TASK=arith: the tiny addition profile (60 global steps of 8 prompts x 8 responses,
+# validation on 256 held-out problems every 10 steps; train stage only; recipes/README.md).
 # DOMAIN: math (default) | search (agentic search: verl's tool agent loop with a retrieval tool;
 # recipes/headroom_drift_search.sh) | multimodal (image prompts; recipes/headroom_drift_multimodal.sh).
 # The search and multimodal domains run the train stage only (the eval stage is math's benchmarks).
@@ -32,22 +34,24 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 require_one_of DOMAIN math search multimodal
 : "${STRATEGY:=headroom_drift}"
 require_one_of STRATEGY headroom_drift naive none
-if [[ "$DOMAIN" == math ]]; then
+case "$DOMAIN" in
+  math) : "${TINY_TASK:=math}" ;;
+  search) TINY_TASK=search ;;
+  multimodal) TINY_TASK=image ;;
+esac
+if [[ "$DOMAIN" == math ]]; then require_one_of TINY_TASK math arith; fi
+if [[ "$DOMAIN" == math && "$TINY_TASK" == math ]]; then
   : "${STAGES:=train,eval}"
   check_stages train eval
 else
   : "${STAGES:=train}"
   check_stages train
 fi
-case "$DOMAIN" in
-  math) TINY_TASK=math ;;
-  search) TINY_TASK=search ;;
-  multimodal) TINY_TASK=image ;;
-esac
+is_tiny_arith() { is_true "$TINY" && [[ "$TINY_TASK" == arith ]]; }
 
 # ------------------------------------------------------------------ inputs and outputs
 BENCHMARKS=(math500 aime24 aime25 amc23 minerva olympiadbench)
-if is_true "$TINY" && [[ "$DOMAIN" != math ]]; then
+if is_true "$TINY" && [[ "$TINY_TASK" != math ]]; then
   load_tiny_task "$TINY_TASK"
   : "${MODEL_PATH:=$TINY_TASK_MODEL_DIR}"
   : "${TRAIN_FILES:=$TINY_TASK_TRAIN}"
@@ -57,7 +61,7 @@ if is_true "$TINY" && [[ "$DOMAIN" != math ]]; then
   # a folder of its own under ./outputs for every TINY run (its run dir is printed at the end)
   if [[ -z "${OUTPUT_DIR:-}" ]]; then
     mkdir -p "$PWD/outputs"
-    OUTPUT_DIR="$(mktemp -d "$PWD/outputs/tiny_hd_$DOMAIN-$(date +%Y%m%d-%H%M%S)-XXXX")"
+    OUTPUT_DIR="$(mktemp -d "$PWD/outputs/tiny_hd_${TINY_TASK/image/multimodal}-$(date +%Y%m%d-%H%M%S)-XXXX")"
   fi
 elif is_true "$TINY"; then
   load_tiny_assets
@@ -105,6 +109,12 @@ absolute_model MODEL_PATH
 : "${PROJECT:=headroom_drift_$DOMAIN}"
 
 # ------------------------------------------------------------------ training sizes
+if is_tiny_arith; then
+  # GRPO's settings for the tiny addition task: lr 2e-4 warmed up over 10 optimiser steps, held-out
+  # validation (256 problems x VAL_N samples) every 10 global steps
+  : "${TOTAL_STEPS:=60}" "${TRAIN_PROMPTS:=8}" "${GROUP_SIZE:=8}" "${PPO_MINI_PROMPTS:=4}"
+  : "${MAX_RESPONSE_LENGTH:=8}" "${LR:=2e-4}" "${LR_WARMUP_STEPS:=10}" "${TEST_FREQ:=10}" "${K_REP:=4}"
+fi
 : "${TOTAL_STEPS:=$(pick 500 3)}"
 # TINY=1 keeps the full recipe's shape: 2 update rounds per global step.
 : "${TRAIN_PROMPTS:=$(pick 32 4)}"            # fresh prompts per global step (x GROUP_SIZE = b256)
@@ -116,6 +126,9 @@ case "$DOMAIN" in
   search) : "${MAX_RESPONSE_LENGTH:=$(pick 4096 128)}" ;;
   *) : "${MAX_RESPONSE_LENGTH:=$(pick 4096 24)}" ;;
 esac
+: "${LR_WARMUP_STEPS:=}"                      # optimiser steps of linear warm-up (empty: verl's default, none)
+# a control arm: training rewards drawn at this rate whatever the answer (validation scored as usual)
+: "${REWARD_CONTROL_RATE:=}"
 : "${MAX_TURNS:=$(pick 4 2)}"                  # search: assistant turns per trajectory
 : "${LR:=$(pick 1e-6 1e-4)}"
 : "${ROLLOUT_TEMPERATURE:=1.0}"
@@ -150,6 +163,8 @@ setup_placement
 require_positive TOTAL_STEPS GROUP_SIZE MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH SAVE_FREQ VAL_N K_REP
 require_positive REPLAY_CAPACITY SCAN_CHUNK_GROUPS EVAL_N EVAL_MAX_NEW_TOKENS EVAL_TP
 require_uint VERIFY_WORKERS
+if [[ -n "$LR_WARMUP_STEPS" ]]; then require_uint LR_WARMUP_STEPS; fi
+if [[ -n "$REWARD_CONTROL_RATE" ]]; then require_number REWARD_CONTROL_RATE; fi
 require_number LR TAU ROLLOUT_TEMPERATURE VAL_TEMPERATURE EVAL_TEMPERATURE EVAL_TOP_P VERIFY_TIMEOUT_S
 require_one_of DRIFT_NORM l2 l1
 require_one_of WEIGHTING sign advantage
@@ -197,6 +212,10 @@ train_cmd() {
     "actor_rollout_ref.rollout.val_kwargs.temperature=$VAL_TEMPERATURE"
     actor_rollout_ref.rollout.val_kwargs.do_sample=True
   )
+  if [[ -n "$LR_WARMUP_STEPS" ]]; then TRAIN_ARGS+=("actor_rollout_ref.actor.optim.lr_warmup_steps=$LR_WARMUP_STEPS"); fi
+  if [[ -n "$REWARD_CONTROL_RATE" ]]; then
+    TRAIN_ARGS+=("+reward.custom_reward_function.reward_kwargs.control_reward_rate=$REWARD_CONTROL_RATE")
+  fi
   if [[ "$STRATEGY" != none ]]; then
     TRAIN_ARGS+=(
       "replay.k_rep=$K_REP"

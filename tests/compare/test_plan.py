@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_replay.compare.plan import build_plan, paper_profile, tau_from_kl, tau_rule, tiny_profile
+from verl_replay.compare.plan import arith_profile, build_plan, paper_profile, tau_from_kl, tau_rule, tiny_profile
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -63,6 +63,22 @@ def test_paper_profile_uses_the_paper_sizes(tmp_path):
     # the SQL arms keep the SQL recipe's own sizes (128 x 8, 32 per optimiser step)
     assert "PPO_MINI_PROMPTS" not in by["elite"].env and "TRAIN_PROMPTS" not in by["elite"].env
     assert all("TINY" not in r.env for r in plan.runs)
+
+
+def test_arith_profile_runs_the_headroom_drift_comparison_on_the_addition_task(tmp_path):
+    plan = _plan(tmp_path, comparisons=["headroom_drift"], profile=arith_profile(), seeds=[1, 2])
+    by = {r.arm.name: r for r in plan.runs if r.seed == 1}
+    assert list(by) == ["grpo_matched", "grpo_larger", "naive", "headroom_drift"]
+    assert by["grpo_matched"].env["TRAIN_PROMPTS"] == "8" and by["grpo_larger"].env["TRAIN_PROMPTS"] == "12"
+    assert by["naive"].env["K_REP"] == by["headroom_drift"].env["K_REP"] == "4"
+    for run in plan.runs:
+        assert run.env["TINY_TASK"] == "arith" and run.env["TINY"] == "1" and run.env["STAGES"] == "train"
+        assert run.env["TOTAL_STEPS"] == "60" and run.env["TEST_FREQ"] == "10" and run.env["VAL_N"] == "4"
+        assert run.env["GROUP_SIZE"] == "8" and run.env["PPO_MINI_PROMPTS"] == "4"
+    # the addition task has no SQL archive: the elite comparison is refused, naming what runs
+    with pytest.raises(ValueError, match="arith profile has no task for elite; it runs headroom_drift"):
+        _plan(tmp_path, profile=arith_profile())
+    assert all("TINY_TASK" not in r.env for r in _plan(tmp_path).runs)
 
 
 def test_seeds_runs_and_shared_archive(tmp_path):

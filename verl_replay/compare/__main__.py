@@ -29,6 +29,7 @@ from verl_replay.compare.plan import (
     PROFILES,
     TARGET_REPLAY_KL,
     Plan,
+    arith_profile,
     build_plan,
     paper_profile,
     tau_rule,
@@ -55,14 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--comparison",
         type=_csv,
-        default=list(COMPARISONS),
-        help=f"comma-separated: {', '.join(COMPARISONS)} (default: both)",
+        default=None,
+        help=f"comma-separated: {', '.join(COMPARISONS)} (default: every one the profile has; arith: headroom_drift)",
     )
     p.add_argument(
         "--profile",
         choices=PROFILES,
         default="tiny",
-        help="tiny: CPU, minutes (default); paper: the recipes' paper-scale settings (GPU cluster)",
+        help="tiny: CPU, minutes (default); arith: CPU, the learnable addition task (GRPO learns); "
+        "paper: the recipes' paper-scale settings (GPU cluster)",
     )
     p.add_argument("--seeds", type=_seeds, default=[1, 2, 3], help="comma-separated seeds (default: 1,2,3)")
     p.add_argument(
@@ -123,11 +125,11 @@ def make_plan(args: argparse.Namespace) -> Plan:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.tau is not None and not args.tau > 0:
         raise ValueError(f"--tau must be > 0, got {args.tau}")
-    make_profile = tiny_profile if args.profile == "tiny" else paper_profile
+    make_profile = {"tiny": tiny_profile, "arith": arith_profile, "paper": paper_profile}[args.profile]
     profile = make_profile(args.steps, args.test_freq, args.val_n)
     out = Path(args.out or f"outputs/compare_{args.profile}")
     return build_plan(
-        comparisons=args.comparison,
+        comparisons=args.comparison if args.comparison is not None else list(profile.comparisons),
         profile=profile,
         seeds=args.seeds,
         out_dir=out,

@@ -22,13 +22,14 @@ __all__ = [
     "Plan",
     "RunSpec",
     "Profile",
+    "arith_profile",
     "build_plan",
     "tau_from_kl",
     "tau_rule",
 ]
 
 COMPARISONS = ("headroom_drift", "elite")
-PROFILES = ("tiny", "paper")
+PROFILES = ("tiny", "arith", "paper")
 
 # The paper's moderate gate: replay KL of the accepted groups near 0.002 (docs/headroom_drift.md).
 TARGET_REPLAY_KL = 0.002
@@ -81,6 +82,8 @@ class Profile:
     eval_k: str
     eval_limit: Optional[int]
     math_eval: bool  # run the recipe's eval stage for the math arms too (paper: Mean@32 / Best@32)
+    tiny_task: Optional[str] = None  # the recipes' TINY_TASK (arith: the learnable tiny profile)
+    comparisons: tuple[str, ...] = COMPARISONS  # the comparisons the profile has a task for
 
 
 def tiny_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, val_n: Optional[int] = None) -> Profile:
@@ -104,6 +107,30 @@ def tiny_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, v
         eval_k="1,2,4",
         eval_limit=1000,  # more than the tiny validation set: every question
         math_eval=False,
+    )
+
+
+def arith_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, val_n: Optional[int] = None) -> Profile:
+    """The tiny addition profile (recipes/README.md): three-digit addition, built so that GRPO has
+    something to learn within 60 steps on CPU. G = 8 prompts x 8 responses in 2 rounds of one 4-group optimiser step,
+    K_rep = G / 2; validation on the 256 held-out problems."""
+    steps, test_freq = steps or 60, test_freq or 10
+    return Profile(
+        name="arith",
+        tiny=True,
+        steps={"headroom_drift": steps},
+        test_freq={"headroom_drift": test_freq},
+        val_n=val_n or 4,
+        group_size=8,
+        prompts=8,
+        mini_prompts=4,
+        k_rep=4,
+        eval_n=4,
+        eval_k="1,4",
+        eval_limit=None,
+        math_eval=False,
+        tiny_task="arith",
+        comparisons=("headroom_drift",),
     )
 
 
@@ -236,6 +263,8 @@ def _common_env(profile: Profile, comparison: str, python: str) -> dict[str, str
     if profile.tiny:
         # one checkpoint, at the end (the evaluation's input); the preflight checks a GPU stack
         env.update({"TINY": "1", "SAVE_FREQ": str(steps), "PREFLIGHT": "0"})
+    if profile.tiny_task is not None:
+        env["TINY_TASK"] = profile.tiny_task
     return env
 
 
@@ -255,6 +284,12 @@ def build_plan(
     unknown = [c for c in comparisons if c not in COMPARISONS]
     if unknown or not comparisons:
         raise ValueError(f"--comparison: expected some of {', '.join(COMPARISONS)}, got {list(comparisons)}")
+    without_task = [c for c in comparisons if c not in profile.comparisons]
+    if without_task:
+        raise ValueError(
+            f"--comparison: the {profile.name} profile has no task for {', '.join(without_task)}; "
+            f"it runs {', '.join(profile.comparisons)}"
+        )
     if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
         raise ValueError(f"--seeds: expected distinct non-negative integers, got {list(seeds)}")
     tau = tau_rule() if tau is None else tau
