@@ -85,7 +85,7 @@ def run_main(tmp_path):
 
     project = tmp_path / "outputs" / "verl_replay"
 
-    def run(*overrides: str, experiment: str = "e2e", run_dir=None, timeout: int = 900, check: bool = True) -> MainRun:
+    def run(*overrides: str, experiment: str = "e2e", run_dir=None, timeout: int = 1800, check: bool = True) -> MainRun:
         env = dict(os.environ, VERL_REPLAY_OUTPUT_DIR=str(tmp_path / "outputs"), PYTHONUNBUFFERED="1")
         env.pop("VERL_FILE_LOGGER_PATH", None)
         command = [sys.executable, "-m", "verl_replay.main", f"trainer.experiment_name={experiment}", *overrides]

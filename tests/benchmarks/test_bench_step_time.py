@@ -153,7 +153,7 @@ def test_quick_mode_writes_a_report_that_matches_the_runs(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "headroom_drift/matched" in proc.stdout and "timing_s/update_actor" in proc.stdout

@@ -53,7 +53,7 @@ def dry_run(script: str, env: dict[str, str], tmp_path: Path) -> tuple[int, dict
     """(exit status, the composed training config, stderr) of a DRY_RUN=1 recipe."""
     proc = spawn_recipe(script, {**env, "DRY_RUN": "1"}, tmp_path / f"dry_{script}")
     try:
-        proc.wait(timeout=900)  # a hang guard: dry runs take minutes beside a verl run on 2 cores
+        proc.wait(timeout=1800)  # a hang guard: dry runs take minutes beside a verl run on 2 cores
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

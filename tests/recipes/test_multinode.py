@@ -300,7 +300,7 @@ def test_two_node_cluster_runs_the_tiny_recipe_as_a_ray_job(cluster, placement, 
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=1500,
+        timeout=2400,
     )
     assert submit.returncode == 0, f"{submit.stdout[-4000:]}\n{submit.stderr[-4000:]}"
     assert "Job 'verl_replay_multinode_test' succeeded" in submit.stdout + submit.stderr

@@ -75,7 +75,7 @@ def flag(command: list[str], name: str) -> str:
     return command[command.index(name) + 1]
 
 
-def run_recipe(script: str, env: dict[str, str], *args: str, timeout: int = 900) -> RecipeRun:
+def run_recipe(script: str, env: dict[str, str], *args: str, timeout: int = 1800) -> RecipeRun:
     # ``timeout`` is a hang guard, not a speed target: a dry run takes seconds on a quiet machine and
     # minutes when a dozen of them start beside a verl run on 2 cores
     full_env = {

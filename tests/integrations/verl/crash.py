@@ -17,7 +17,7 @@ import pytest
 
 
 def kill_after_checkpoint(
-    process: subprocess.Popen, latest_file: Path, steps: Sequence[int] = (2, 4), timeout_s: float = 900.0
+    process: subprocess.Popen, latest_file: Path, steps: Sequence[int] = (2, 4), timeout_s: float = 1800.0
 ) -> int:
     """SIGKILL the run (a process leading its own session) at a random moment within 1.5 s after its
     checkpoint at one of ``steps`` was marked latest; returns that step. The moment is drawn fresh

@@ -81,7 +81,7 @@ def run_verls_own_entry_point(tmp_path: Path, overrides: tuple[str, ...]) -> lis
         "hydra.run.dir=" + str(tmp_path / "hydra"),
         "hydra.output_subdir=null",
     ]
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     return [json.loads(line)["data"] for line in verl_metrics.read_text().splitlines() if line.strip()]
 

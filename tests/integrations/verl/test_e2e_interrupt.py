@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -22,11 +23,12 @@ from crash import kill_tree
 from replay_audit import ELITE
 
 # what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
-E2E_SECONDS = 200
+E2E_SECONDS = 220
 
 pytestmark = pytest.mark.e2e
 
 STEPS = 3
+HOLD_REWARD = Path(__file__).with_name("hold_reward.py")
 ELITE_ROWS = 4
 
 
@@ -52,7 +54,14 @@ def test_ctrl_c_stops_the_run_with_130_cleans_up_and_the_advice_resumes_it(
         f"trainer.total_training_steps={STEPS}",
         "trainer.save_freq=1",
     )
-    command = [sys.executable, "-m", "verl_replay.main", "trainer.experiment_name=interrupted", *overrides]
+    latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+    # the interrupted run's rewards hold after the step-1 checkpoint, so it is mid-run when signalled
+    holding = (
+        f"reward.custom_reward_function.path={HOLD_REWARD}",
+        "reward.custom_reward_function.name=compute_score",
+        f"+reward.custom_reward_function.reward_kwargs.hold_after={latest}",
+    )
+    command = [sys.executable, "-m", "verl_replay.main", "trainer.experiment_name=interrupted", *overrides, *holding]
     process = subprocess.Popen(
         [*command, f"run_dir={run_dir}"],
         cwd=tmp_path,
@@ -62,12 +71,11 @@ def test_ctrl_c_stops_the_run_with_130_cleans_up_and_the_advice_resumes_it(
         text=True,
         start_new_session=True,  # its own process group, like a job in a terminal
     )
-    latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
     try:
-        deadline = time.monotonic() + 900  # a hang guard: a starved machine may take long to get here
+        deadline = time.monotonic() + 1800  # a hang guard: a starved machine may take long to get here
         while not (latest.exists() and latest.read_text().strip() == "1"):
             assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "no checkpoint at step 1 within 900 s"
+            assert time.monotonic() < deadline, "no checkpoint at step 1 within 1800 s"
             time.sleep(0.1)
         tree = _descendants(process.pid)
         assert tree, "the run started no process (Ray, its workers)"
