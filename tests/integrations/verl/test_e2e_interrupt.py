@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -28,7 +27,6 @@ E2E_SECONDS = 220
 pytestmark = pytest.mark.e2e
 
 STEPS = 3
-HOLD_REWARD = Path(__file__).with_name("hold_reward.py")
 ELITE_ROWS = 4
 
 
@@ -54,14 +52,7 @@ def test_ctrl_c_stops_the_run_with_130_cleans_up_and_the_advice_resumes_it(
         f"trainer.total_training_steps={STEPS}",
         "trainer.save_freq=1",
     )
-    latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
-    # the interrupted run's rewards hold after the step-1 checkpoint, so it is mid-run when signalled
-    holding = (
-        f"reward.custom_reward_function.path={HOLD_REWARD}",
-        "reward.custom_reward_function.name=compute_score",
-        f"+reward.custom_reward_function.reward_kwargs.hold_after={latest}",
-    )
-    command = [sys.executable, "-m", "verl_replay.main", "trainer.experiment_name=interrupted", *overrides, *holding]
+    command = [sys.executable, "-m", "verl_replay.main", "trainer.experiment_name=interrupted", *overrides]
     process = subprocess.Popen(
         [*command, f"run_dir={run_dir}"],
         cwd=tmp_path,
@@ -71,6 +62,7 @@ def test_ctrl_c_stops_the_run_with_130_cleans_up_and_the_advice_resumes_it(
         text=True,
         start_new_session=True,  # its own process group, like a job in a terminal
     )
+    latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
     try:
         deadline = time.monotonic() + 1800  # a hang guard: a starved machine may take long to get here
         while not (latest.exists() and latest.read_text().strip() == "1"):
