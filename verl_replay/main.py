@@ -580,6 +580,8 @@ def follow_steps(config: DictConfig, replay_config: ReplayConfig, metrics_path: 
     out = console()
     total = OmegaConf.select(config, "trainer.total_training_steps")
     split = OmegaConf.select(config, "trainer.v1.trainer_mode") != "sync"
+    budget = OmegaConf.select(config, "actor_rollout_ref.rollout.response_length")
+    max_response_length = int(budget) if budget is not None else None
     floor = DriftFloorWatch(replay_config.tau)
     watch = StartupWatch(log_path)
     waiting_since = time.monotonic()
@@ -590,7 +592,11 @@ def follow_steps(config: DictConfig, replay_config: ReplayConfig, metrics_path: 
         out.advance(step, step_seconds=data.get("timing_s/step") if first else None)
         if first:
             out.status(None)
-        out.line(step_line(step, total, step_fields(data, replay_config, split=split)))
+        out.line(
+            step_line(
+                step, total, step_fields(data, replay_config, split=split, max_response_length=max_response_length)
+            )
+        )
         warning = floor.update(data) if replay_config.uses_headroom_drift else None
         if warning:
             out.line(warning)

@@ -51,6 +51,17 @@ def test_plain_grpo_shows_score_losses_length_and_time():
     assert ("trunc", 0.0) in fields
 
 
+def test_trunc_counts_responses_cut_at_the_budget_not_the_batch_longest():
+    # verl's ratio counts rows as long as the batch's response tensor: trimmed to its longest row
+    # (5 tokens here, budget 8), 70% of the rows "clip" though none was cut
+    trimmed = {**STEP, "response_length/clip_ratio": 0.7, "response_length/max": 5.0}
+    assert dict(step_fields(trimmed, ReplayConfig.from_mapping(None), max_response_length=8))["trunc"] == 0.0
+    at_budget = {**STEP, "response_length/clip_ratio": 0.25, "response_length/max": 8.0}
+    assert dict(step_fields(at_budget, ReplayConfig.from_mapping(None), max_response_length=8))["trunc"] == 0.25
+    # without a known budget verl's value is shown as it is
+    assert dict(step_fields(trimmed, ReplayConfig.from_mapping(None)))["trunc"] == 0.7
+
+
 def test_lost_and_padded_rollouts_show_only_when_a_step_had_them():
     clean = {**STEP, "rollout/expected": 16, "rollout/lost": 0, "rollout/padding_rows": 4}
     clean["rollout/planned_padding_rows"] = 4  # the replay mini-batch plan's own padding is not news

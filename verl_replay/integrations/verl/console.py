@@ -48,9 +48,10 @@ CORE_FIELDS: tuple[tuple[str, str], ...] = (
     ("pg_loss", "actor/pg_loss"),
     ("grad_norm", "actor/grad_norm"),
     ("resp_len", "response_length/mean"),
-    # share of fresh responses cut off at the response budget (verl's own metric)
+    # share of fresh responses cut off at the response budget (see truncated_share)
     ("trunc", "response_length/clip_ratio"),
 )
+TRUNC_KEY, LONGEST_KEY = "response_length/clip_ratio", "response_length/max"
 # Under split placement: how many weight versions the fresh rows lag behind the trainer (verl's
 # lower bound, from the newest weights a trajectory saw); no importance correction is applied to it
 # unless rollout correction is on.
@@ -71,12 +72,37 @@ ELITE_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 
-def step_fields(data: Mapping[str, Any], replay: ReplayConfig, *, split: bool = False) -> list[tuple[str, Any]]:
+def truncated_share(data: Mapping[str, Any], max_response_length: Optional[int]) -> Any:
+    """The share of responses cut at ``max_response_length``.
+
+    verl's ``response_length/clip_ratio`` counts the rows as long as the batch's response tensor,
+    which is the budget only when rows are padded to it: a batch trimmed to its longest row
+    (e.g. every answer 4 tokens of a budget of 8) reports its longest rows as clipped. With the
+    longest row below the budget nothing was cut; at the budget, the tensor is the budget wide
+    and verl's ratio is the share cut."""
+    ratio, longest = data[TRUNC_KEY], data.get(LONGEST_KEY)
+    if max_response_length is not None and isinstance(longest, (int, float)) and longest < max_response_length:
+        return 0.0
+    return ratio
+
+
+def step_fields(
+    data: Mapping[str, Any],
+    replay: ReplayConfig,
+    *,
+    split: bool = False,
+    max_response_length: Optional[int] = None,
+) -> list[tuple[str, Any]]:
     """The (label, value) pairs of one step's compact line: score, pg loss, grad norm, response
-    length, truncation rate, rollouts lost / padding rows (when any), the fresh rows' staleness
-    (``split``: split placement), the replay summary of the run's strategy (with the drift floor
-    next to tau), and the step time."""
+    length, truncation rate (responses cut at ``max_response_length``), rollouts lost / padding
+    rows (when any), the fresh rows' staleness (``split``: split placement), the replay summary of
+    the run's strategy (with the drift floor next to tau), and the step time."""
     fields = [(label, data[key]) for label, key in CORE_FIELDS if key in data]
+    if TRUNC_KEY in data:
+        fields = [
+            (label, truncated_share(data, max_response_length) if label == "trunc" else value)
+            for label, value in fields
+        ]
     # rollouts the step lost (its score covers fewer) or padded: shown only when it happened
     if data.get("rollout/lost"):
         fields.append(("lost", f"{int(data['rollout/lost'])}/{int(data.get('rollout/expected', 0))}"))
