@@ -10,12 +10,12 @@ from verl_replay.data import tiny_arith as ta
 from verl_replay.rewards import compute_score
 
 
-def test_problems_are_distinct_three_digit_pairs_and_the_held_out_ones_are_apart():
+def test_problems_are_distinct_two_digit_pairs_and_the_held_out_ones_are_apart():
     train, held_out = ta.arith_problems()
     assert len(train) == ta.TRAIN_PROMPTS and len(held_out) == ta.HELD_OUT_PROMPTS
     everything = train + held_out
     assert len(set(everything)) == len(everything)
-    assert all(100 <= a <= 999 and 100 <= b <= 999 for a, b in everything)
+    assert all(10 <= a <= 99 and 10 <= b <= 99 for a, b in everything)
     assert ta.arith_problems() == (train, held_out) and ta.arith_problems(seed=1) != (train, held_out)
 
 

@@ -107,6 +107,7 @@ def test_the_arith_task_validates_on_its_held_out_problems_with_the_larger_model
     manifest = built.manifest()
     assert manifest["counts"] == {"train": tiny_arith.TRAIN_PROMPTS, "val": tiny_arith.HELD_OUT_PROMPTS}
     assert manifest["warm_start"]["teacher_noise"] == tiny_arith.TEACHER_NOISE
+    assert manifest["warm_start"]["operands"] == [10, 100]
     train, val = pd.read_parquet(built.train), pd.read_parquet(built.val)
     questions = lambda rows: {row[0]["content"] for row in rows["prompt"]}  # noqa: E731
     assert not questions(train) & questions(val)

@@ -111,7 +111,7 @@ def tiny_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, v
 
 
 def arith_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, val_n: Optional[int] = None) -> Profile:
-    """The tiny addition profile (recipes/README.md): three-digit addition, built so that GRPO has
+    """The tiny addition profile (recipes/README.md): two-digit addition, built so that GRPO has
     something to learn within 60 steps on CPU. G = 8 prompts x 8 responses in 2 rounds of one 4-group optimiser step,
     K_rep = G / 2; validation on the 256 held-out problems."""
     steps, test_freq = steps or 60, test_freq or 10

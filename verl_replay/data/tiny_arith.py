@@ -1,8 +1,12 @@
-"""Tiny three-digit addition: a CPU task built so that GRPO has something to learn in minutes.
+"""Tiny two-digit addition: a CPU task built so that GRPO has something to learn in minutes.
 
-A prompt is the user turn ``aaa+bbb=`` (operands 100-999); the answer is the sum's digits and the
+A prompt is the user turn ``aa+bb=`` (operands 10-99); the answer is the sum's digits and the
 end of the turn, scored by exact match (``verl_replay.rewards``, data source ``tiny_arith``). The
-tiny tokenizer spells numbers digit by digit, so an answer is 3-4 tokens and eos.
+tiny tokenizer spells numbers digit by digit, so an answer is 2-3 tokens and eos.
+
+Why two digits: on the tiny Qwen3.5 model (and on a plain two-layer decoder with learned
+positions), 2,500 noisy-teacher steps on three-digit sums left greedy answers right under 10% of
+the time; two-digit sums reach ~90% greedy within 1,000 steps.
 
 Why it can learn: the warm start is supervised on a *noisy teacher* that replaces every answer digit
 by a uniformly random digit with probability ``TEACHER_NOISE``. The model learns the right digit as
@@ -25,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 TINY_ARITH_SOURCE = "tiny_arith"
-OPERANDS = range(100, 1000)
+OPERANDS = range(10, 100)
 HELD_OUT_PROMPTS = 256
 TRAIN_PROMPTS = 4096
 TEACHER_NOISE = 0.3
