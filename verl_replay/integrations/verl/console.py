@@ -51,7 +51,7 @@ CORE_FIELDS: tuple[tuple[str, str], ...] = (
     # share of fresh responses cut off at the response budget (see truncated_share)
     ("trunc", "response_length/clip_ratio"),
 )
-TRUNC_KEY, LONGEST_KEY = "response_length/clip_ratio", "response_length/max"
+TRUNC_KEY, LONGEST_KEY = CORE_FIELDS[-1][1], "response_length/max"
 # Under split placement: how many weight versions the fresh rows lag behind the trainer (verl's
 # lower bound, from the newest weights a trajectory saw); no importance correction is applied to it
 # unless rollout correction is on.
@@ -97,12 +97,11 @@ def step_fields(
     length, truncation rate (responses cut at ``max_response_length``), rollouts lost / padding
     rows (when any), the fresh rows' staleness (``split``: split placement), the replay summary of
     the run's strategy (with the drift floor next to tau), and the step time."""
-    fields = [(label, data[key]) for label, key in CORE_FIELDS if key in data]
-    if TRUNC_KEY in data:
-        fields = [
-            (label, truncated_share(data, max_response_length) if label == "trunc" else value)
-            for label, value in fields
-        ]
+    fields = [
+        (label, truncated_share(data, max_response_length) if key == TRUNC_KEY else data[key])
+        for label, key in CORE_FIELDS
+        if key in data
+    ]
     # rollouts the step lost (its score covers fewer) or padded: shown only when it happened
     if data.get("rollout/lost"):
         fields.append(("lost", f"{int(data['rollout/lost'])}/{int(data.get('rollout/expected', 0))}"))
