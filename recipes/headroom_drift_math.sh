@@ -146,6 +146,7 @@ esac
 : "${DRIFT_NORM:=l2}"
 : "${WEIGHTING:=sign}"
 : "${INGRESS:=answer_disagree}"
+: "${SCAN_ORDER:=headroom}"                   # recency: the Policy-Drift-only ablation (no Headroom ranking)
 
 # ------------------------------------------------------------------ evaluation
 : "${EVAL_BACKEND:=$(pick vllm hf)}"
@@ -169,6 +170,7 @@ require_number LR TAU ROLLOUT_TEMPERATURE VAL_TEMPERATURE EVAL_TEMPERATURE EVAL_
 require_one_of DRIFT_NORM l2 l1
 require_one_of WEIGHTING sign advantage
 require_one_of INGRESS answer_disagree nonzero_advantage
+require_one_of SCAN_ORDER headroom recency
 require_one_of EVAL_BACKEND vllm hf
 if [[ -n "$MAX_SCAN_GROUPS" ]]; then require_positive MAX_SCAN_GROUPS; fi
 # Group replay selects up to K_REP groups once per global step and spreads them over the step's
@@ -228,6 +230,7 @@ train_cmd() {
     TRAIN_ARGS+=(
       "replay.tau=$TAU"
       "replay.drift_norm=$DRIFT_NORM"
+      "replay.scan_order=$SCAN_ORDER"
       "replay.scan_chunk_groups=$SCAN_CHUNK_GROUPS"
       "replay.max_scan_groups=${MAX_SCAN_GROUPS:-null}"
     )

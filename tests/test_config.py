@@ -30,6 +30,7 @@ def test_from_omegaconf_resolves_interpolations():
         ({"weighting": "abs"}, "replay.weighting"),
         ({"drift_norm": "linf"}, "replay.drift_norm"),
         ({"ingress": "all"}, "replay.ingress"),
+        ({"scan_order": "newest"}, "replay.scan_order"),
         ({"scan_chunk_groups": 0}, "replay.scan_chunk_groups"),
         ({"max_scan_groups": 0}, "replay.max_scan_groups"),
         ({"k_rep": 10, "capacity": 5, "strategy": "naive"}, "replay.k_rep"),

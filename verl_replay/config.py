@@ -21,6 +21,7 @@ STRATEGIES = ("none", "headroom_drift", "naive", "elite", "elite_iid", "headroom
 WEIGHTINGS = ("sign", "advantage")
 DRIFT_NORMS = ("l2", "l1")
 INGRESS_CRITERIA = ("answer_disagree", "nonzero_advantage")
+SCAN_ORDERS = ("headroom", "recency")
 
 
 class ReplayConfigError(ValueError):
@@ -50,6 +51,8 @@ class ReplayConfig:
     scan_chunk_groups: int = 16
     max_scan_groups: Optional[int] = None
     ingress: str = "answer_disagree"
+    # Order of the Headroom-Drift scan: "headroom" (the method) or "recency" (the Policy-Drift-only ablation).
+    scan_order: str = "headroom"
     # GRPO groups per optimiser step of updates that carry replay (None: actor.ppo_mini_batch_size).
     ppo_mini_batch_size: Optional[int] = None
     event_log: Optional[str] = None
@@ -108,6 +111,7 @@ class ReplayConfig:
         _choice("replay.weighting", self.weighting, WEIGHTINGS)
         _choice("replay.drift_norm", self.drift_norm, DRIFT_NORMS)
         _choice("replay.ingress", self.ingress, INGRESS_CRITERIA)
+        _choice("replay.scan_order", self.scan_order, SCAN_ORDERS)
         _positive_int("replay.k_rep", self.k_rep)
         _positive_int("replay.capacity", self.capacity)
         _positive_int("replay.scan_chunk_groups", self.scan_chunk_groups)

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from verl_replay.compare.plan import arith_profile, build_plan, paper_profile, tau_from_kl, tau_rule, tiny_profile
+from verl_replay.compare.plan import (
+    UNGATED_TAU,
+    arith_profile,
+    build_plan,
+    paper_profile,
+    tau_from_kl,
+    tau_rule,
+    tiny_profile,
+)
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -41,12 +49,19 @@ def test_tau_rule_is_the_documented_value():
 def test_headroom_drift_arms_match_fresh_budget_and_step_size(tmp_path):
     plan = _plan(tmp_path, comparisons=["headroom_drift"])
     arms = {a.name: a for a in plan.arms("headroom_drift")}
-    assert list(arms) == ["grpo_matched", "grpo_larger", "naive", "headroom_drift"]
+    assert list(arms) == ["grpo_matched", "grpo_larger", "naive", "headroom_drift", "headroom_only", "drift_only"]
     assert arms["grpo_matched"].fresh_prompts == 8
     assert arms["grpo_larger"].fresh_prompts == 12  # 1.5 G
     assert arms["naive"].env["K_REP"] == arms["headroom_drift"].env["K_REP"] == "4"  # K_rep = G / 2
     assert float(arms["headroom_drift"].env["TAU"]) == pytest.approx(tau_rule(), rel=1e-5)
     assert "TAU" not in arms["naive"].env
+    # the ablations: Headroom ranking without the gate; the gate without the ranking (newest first)
+    assert float(arms["headroom_only"].env["TAU"]) == UNGATED_TAU and "SCAN_ORDER" not in arms["headroom_only"].env
+    assert (
+        arms["drift_only"].env["SCAN_ORDER"] == "recency"
+        and arms["drift_only"].env["TAU"] == arms["headroom_drift"].env["TAU"]
+    )
+    assert {arms[a].recipe for a in ("headroom_drift", "headroom_only", "drift_only")} == {"headroom_drift_math.sh"}
     for run in plan.runs:  # same optimiser-step size in every arm
         assert run.env["PPO_MINI_PROMPTS"] == "4" and run.env["GROUP_SIZE"] == "4"
         assert run.env["TINY"] == "1" and run.env["STAGES"] == "train"
@@ -68,7 +83,22 @@ def test_paper_profile_uses_the_paper_sizes(tmp_path):
 def test_arith_profile_runs_the_headroom_drift_comparison_on_the_addition_task(tmp_path):
     plan = _plan(tmp_path, comparisons=["headroom_drift"], profile=arith_profile(), seeds=[1, 2])
     by = {r.arm.name: r for r in plan.runs if r.seed == 1}
-    assert list(by) == ["grpo_matched", "grpo_larger", "naive", "headroom_drift"]
+    assert list(by) == [
+        "grpo_matched",
+        "grpo_larger",
+        "naive",
+        "headroom_drift",
+        "headroom_only",
+        "drift_only",
+        "grpo_control",
+    ]
+    # the control: the matched arm with training rewards at random, at the warm start's accuracy
+    control = by["grpo_control"]
+    assert control.env["REWARD_CONTROL_RATE"] == "0.43" and control.arm.recipe == by["grpo_matched"].arm.recipe
+    assert {k: v for k, v in control.env.items() if k not in ("REWARD_CONTROL_RATE", "OUTPUT_DIR", "RUN_DIR")} == {
+        k: v for k, v in by["grpo_matched"].env.items() if k not in ("OUTPUT_DIR", "RUN_DIR")
+    }
+    assert control.argv[2:] == by["grpo_matched"].argv[2:]  # same seeds: same prompts, same sampler
     assert by["grpo_matched"].env["TRAIN_PROMPTS"] == "8" and by["grpo_larger"].env["TRAIN_PROMPTS"] == "12"
     assert by["naive"].env["K_REP"] == by["headroom_drift"].env["K_REP"] == "4"
     for run in plan.runs:
@@ -83,10 +113,11 @@ def test_arith_profile_runs_the_headroom_drift_comparison_on_the_addition_task(t
 
 def test_seeds_runs_and_shared_archive(tmp_path):
     plan = _plan(tmp_path)
-    assert len(plan.runs) == 3 * (4 + 3)
+    assert len(plan.runs) == 3 * (6 + 3)
+    assert not any(r.arm.name == "grpo_control" for r in plan.runs)  # the tiny profile has no control arm
     # comparison after comparison, seed-major within one
-    assert [(r.arm.comparison, r.seed) for r in plan.runs[:5]] == [("headroom_drift", 1)] * 4 + [("headroom_drift", 2)]
-    assert [r.seed for r in plan.runs[12:15]] == [1, 1, 1] and plan.runs[12].arm.comparison == "elite"
+    assert [(r.arm.comparison, r.seed) for r in plan.runs[:7]] == [("headroom_drift", 1)] * 6 + [("headroom_drift", 2)]
+    assert [r.seed for r in plan.runs[18:21]] == [1, 1, 1] and plan.runs[18].arm.comparison == "elite"
     assert len({r.run_dir for r in plan.runs}) == len(plan.runs)
     for run in plan.runs:
         assert f"data.seed={run.seed}" in run.argv and f"actor_rollout_ref.rollout.seed={run.seed}" in run.argv
@@ -129,13 +160,13 @@ def test_cli_dry_run_prints_every_command(tmp_path):
         check=True,
     )
     lines = [line for line in out.stdout.splitlines() if line.startswith("env ")]
-    assert len(lines) == 1 + 3 * 7  # the archive search + every (arm, seed)
+    assert len(lines) == 1 + 3 * 9  # the archive search + every (arm, seed)
     assert not any(tmp_path.iterdir())  # nothing ran, nothing written
     bad = subprocess.run(
         [sys.executable, "-m", "verl_replay.compare", "--dry-run", "--arms", "nope"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "--arms" in bad.stderr
-    # the gated arm runs at the documented tau; no other arm is given one
-    gated = [line for line in lines if "recipes/headroom_drift_math.sh" in line]
-    assert len(gated) == 3 and all(f"TAU={tau_rule():g} " in line for line in gated), gated
-    assert sum("TAU=" in line for line in lines) == 3
+    # the gated arms run at the documented tau; the Headroom-only arm has no gate; no other arm a tau
+    gated = [line for line in lines if "recipes/headroom_drift_math.sh" in line and "TAU=1e+09 " not in line]
+    assert len(gated) == 6 and all(f"TAU={tau_rule():g} " in line for line in gated), gated
+    assert sum("TAU=" in line for line in lines) == 9

@@ -84,3 +84,27 @@ def test_elite_table_has_pass_at_k_and_strategies():
         and "distinct correct strategies" in table
         and "| GRPO | 1 | 10.0 | 10.0 | 25.0 | 50.0 | 1.00 |" in table
     )
+
+
+def test_gain_over_start_is_final_minus_the_evaluation_before_training():
+    from verl_replay.compare.report import gain_over_start
+
+    # gains 0.4 - 0.1 = 0.3, 0.5 - 0.1 = 0.4, 0.7 - 0.2 = 0.5: mean 0.4, sd 0.1, se 0.1 / sqrt(3)
+    runs = {
+        1: _result(0.4, 0.5, [0.1, 0.4]),
+        2: _result(0.5, 0.6, [0.1, 0.5]),
+        3: _result(0.7, 0.8, [0.2, 0.7]),
+    }
+    gain = gain_over_start(runs)
+    se = 0.1 / math.sqrt(3)
+    assert gain["mean"] == pytest.approx(0.4) and gain["se"] == pytest.approx(se) and gain["seeds"] == [1, 2, 3]
+    assert gain["low"] == pytest.approx(0.4 - 4.303 * se) and gain["high"] == pytest.approx(0.4 + 4.303 * se)
+    # a run without a validation before training has no start: left out, not guessed
+    late = _result(0.9, 0.9, [0.3, 0.9])
+    late["val_curve"] = late["val_curve"][1:]
+    assert gain_over_start({**runs, 4: late})["seeds"] == [1, 2, 3]
+    comp = aggregate("headroom_drift", ARMS[:1], {"grpo_matched": runs})
+    assert comp["arms"][0]["gain"]["mean"] == pytest.approx(0.4)
+    table = format_table(comp)
+    low, high = 100 * (0.4 - 4.303 * se), 100 * (0.4 + 4.303 * se)
+    assert f"- GRPO b16: +40.0 [{low:+.1f}, {high:+.1f}] (3 seeds), 6.9 SE" in table

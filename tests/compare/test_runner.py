@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from verl_replay.compare.plan import Arm, Plan, RunSpec, tiny_profile
 from verl_replay.compare.runner import DONE_FILE, read_done, run_plan
 
@@ -48,3 +50,28 @@ def test_time_budget_stops_starting_runs(tmp_path):
     assert records[runs[0].key]["returncode"] == 0
     assert [records[r.key].get("skipped") for r in runs[1:]] == ["time budget", "time budget"]
     assert sum("not started" in line for line in lines) == 2
+
+
+def test_jobs_run_side_by_side_and_records_keep_plan_order(tmp_path):
+    # each run waits for the other's marker: they can only both finish if they run at once
+    def meet(me: str, other: str) -> str:
+        return (
+            "import pathlib, sys, time\n"
+            f"pathlib.Path({str(tmp_path / me)!r}).touch()\n"
+            "deadline = time.monotonic() + 300\n"
+            f"while not pathlib.Path({str(tmp_path / other)!r}).exists():\n"
+            "    if time.monotonic() > deadline: sys.exit(9)\n"
+            "    time.sleep(0.05)\n"
+        )
+
+    runs = [_spec(tmp_path, "a", meet("a.here", "b.here")), _spec(tmp_path, "b", meet("b.here", "a.here"))]
+    runs.append(_spec(tmp_path, "c", "print('third')"))
+    lines: list[str] = []
+    records = run_plan(_plan(tmp_path, runs), say=lines.append, jobs=2)
+    assert [records[r.key]["returncode"] for r in runs] == [0, 0, 0]
+    assert list(records) == [r.key for r in runs]
+    # the third starts only when a slot is free: after one of the first two finished
+    started_c = next(i for i, line in enumerate(lines) if "headroom_drift/c/seed1 ..." in line)
+    assert any(": ok in" in line for line in lines[:started_c])
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        run_plan(_plan(tmp_path, runs), say=lines.append, jobs=0)

@@ -55,8 +55,9 @@ class ReferenceBuffer:
         drift_norm="l2",
         max_scan_groups=None,
         ingress="answer_disagree",
+        scan_order="headroom",
     ):
-        self.capacity, self.k_rep, self.tau = capacity, k_rep, tau
+        self.capacity, self.k_rep, self.tau, self.scan_order = capacity, k_rep, tau, scan_order
         self.weighting, self.norm, self.max_scan, self.ingress = (weighting, drift_norm, max_scan_groups, ingress)
         self.items: list[RefItem] = []
         self.next_id = 0
@@ -79,7 +80,10 @@ class ReferenceBuffer:
         return evicted
 
     def select(self, step, one_scorer):
-        order = sorted(self.items, key=lambda it: (-it.cached, -it.birth, it.seq))
+        if self.scan_order == "headroom":
+            order = sorted(self.items, key=lambda it: (-it.cached, -it.birth, it.seq))
+        else:  # newest birth step first, Headroom ignored
+            order = sorted(self.items, key=lambda it: (-it.birth, it.seq))
         if self.max_scan is not None:
             order = order[: self.max_scan]
         scanned, accepted = [], []
@@ -437,6 +441,48 @@ def test_selection_hand_example_gate_and_refresh():
     assert res2.accepted_ids == [g_hi.group_id]
 
 
+def test_recency_scan_order_ignores_headroom_and_keeps_the_gate():
+    # the Policy-Drift-only ablation: newest birth step first whatever the Headroom, same gate
+    buf = HeadroomDriftBuffer(capacity=10, k_rep=2, tau=0.15, scan_chunk_groups=5, scan_order="recency")
+    old_hi = _group([1, 0], [1.0, 1.0], lp=(-3.0, -3.0))  # H 0.950, born at step 0
+    new_lo = _group([1, 0], [1.0, 1.0], lp=(-0.1, -0.1))  # H 0.095, born at step 1
+    new_mid = _group([1, 0], [1.0, 1.0], lp=(-1.0, -1.0))  # H 0.632, born at step 1, inserted after new_lo
+    buf.admit([old_hi], step=0)
+    buf.admit([new_lo, new_mid], step=1)
+    assert buf.config()["scan_order"] == "recency"
+
+    def scorer(gs):  # new_lo drifts by 0.2 (> tau): rejected; the others stay
+        return [g.gen_log_probs - (0.2 if g is new_lo else 0.0) for g in gs]
+
+    res = buf.select(2, scorer)
+    assert [r.group_id for r in res.records] == [new_lo.group_id, new_mid.group_id, old_hi.group_id]
+    assert [r.accepted for r in res.records] == [False, True, True]
+    assert res.accepted_ids == [new_mid.group_id, old_hi.group_id]
+    # the scan still refreshes Headroom (reported), but the order does not follow it
+    assert new_lo.headroom_cached == pytest.approx(1 - math.exp(-0.3), rel=1e-6)
+    assert res.records[0].drift == pytest.approx(0.2, rel=1e-5)
+    res2 = buf.select(3, lambda gs: [g.gen_log_probs.clone() for g in gs])
+    assert res2.accepted_ids == [new_lo.group_id, new_mid.group_id]
+    headroom = HeadroomDriftBuffer(capacity=10, k_rep=2, tau=0.15, scan_chunk_groups=5)
+    headroom.load_state_dict(buf.state_dict(), strict=False)
+    assert headroom.select(3, lambda gs: [g.gen_log_probs.clone() for g in gs]).accepted_ids[0] == old_hi.group_id
+    with pytest.raises(ValueError, match="scan_order: saved 'recency' vs 'headroom'"):
+        headroom.load_state_dict(buf.state_dict())
+    with pytest.raises(ValueError, match="scan_order"):
+        HeadroomDriftBuffer(capacity=10, k_rep=2, tau=0.1, scan_chunk_groups=5, scan_order="newest")
+
+
+def test_states_saved_before_scan_order_existed_load_as_headroom_order(synth):
+    a, _ = _run(synth, 3, steps=4, capacity=15, max_scan_groups=9, tau=0.2)
+    state = a.state_dict()
+    del state["config"]["scan_order"]
+    b = _fresh()
+    b.load_state_dict(state)
+    _same_contents(a, b)
+    with pytest.raises(ValueError, match="scan_order: saved 'headroom' vs 'recency'"):
+        _fresh(scan_order="recency").load_state_dict(state)
+
+
 def test_empty_buffer_and_nothing_accepted_stats_are_zero():
     buf = HeadroomDriftBuffer(capacity=4, k_rep=2, tau=0.0, scan_chunk_groups=2)
     calls = []
@@ -566,11 +612,12 @@ def test_chunked_scan_equals_one_by_one(synth, kw):
     weighting=st.sampled_from(["sign", "advantage"]),
     norm=st.sampled_from(["l2", "l1"]),
     ingress=st.sampled_from(["answer_disagree", "nonzero_advantage"]),
+    scan_order=st.sampled_from(["headroom", "recency"]),
     per_step=st.lists(st.integers(0, 5), min_size=1, max_size=7),
     seed=st.integers(0, 10_000),
 )
 def test_buffer_matches_reference_and_invariants(
-    synth, capacity, k_rep, chunk, multiple, max_scan, tau, weighting, norm, ingress, per_step, seed
+    synth, capacity, k_rep, chunk, multiple, max_scan, tau, weighting, norm, ingress, scan_order, per_step, seed
 ):
     cfg = dict(
         capacity=capacity,
@@ -580,6 +627,7 @@ def test_buffer_matches_reference_and_invariants(
         drift_norm=norm,
         max_scan_groups=max_scan,
         ingress=ingress,
+        scan_order=scan_order,
     )
     buf = HeadroomDriftBuffer(scan_chunk_groups=chunk, **cfg)
     ref = ReferenceBuffer(**cfg)

@@ -119,6 +119,9 @@ def inputs(tmp_path_factory) -> dict[str, str]:
 DRY_CASES = {
     "elite": ("elite_replay_qwen4b.sh", {}, PASS_THROUGH),
     "hd": ("headroom_drift_math.sh", {}, ()),
+    # the comparison's ablations: Drift-only (recency order) and Headroom-only (no gate)
+    "drift_only": ("headroom_drift_math.sh", {"SCAN_ORDER": "recency"}, ()),
+    "headroom_only": ("headroom_drift_math.sh", {"TAU": "1e+09"}, ()),
     # also two validation files: the recipe hands them to verl as a Hydra list
     "b256": (
         "baselines/grpo_onpolicy_b256.sh",
@@ -271,7 +274,7 @@ def test_headroom_drift_recipe_composes_b256_plus_r128(dry, inputs) -> None:
     # K_rep = 16 groups (128 responses) per global step, selected once per global step
     assert replay["strategy"] == "headroom_drift" and replay["k_rep"] == 16
     assert replay["tau"] == pytest.approx(0.08) and replay["drift_norm"] == "l2" and replay["weighting"] == "sign"
-    assert replay["ingress"] == "answer_disagree"
+    assert replay["ingress"] == "answer_disagree" and replay["scan_order"] == "headroom"
     assert arr["model"]["path"] == inputs["MODEL_PATH"]
     assert config["run_dir"].endswith("/headroom_drift_math/hd_b256_r128")
     evaluation = dry["hd"].command("eval")
@@ -285,6 +288,12 @@ def test_headroom_drift_recipe_composes_b256_plus_r128(dry, inputs) -> None:
         "math_minerva",
         "math_olympiadbench",
     ]
+
+
+def test_ablation_settings_reach_the_replay_config(dry) -> None:
+    drift_only, headroom_only = dry["drift_only"].config["replay"], dry["headroom_only"].config["replay"]
+    assert drift_only["scan_order"] == "recency" and drift_only["tau"] == pytest.approx(0.08)
+    assert headroom_only["scan_order"] == "headroom" and headroom_only["tau"] == pytest.approx(1e9)
 
 
 def test_on_policy_baselines_b256_and_b384(dry) -> None:
@@ -381,6 +390,7 @@ def test_dapo_reward_manager_keeps_our_reward_and_shapes_overlong_answers(dry, t
         ("elite_replay_qwen4b.sh", {"TRAIN_GPUS": "3"}, "exceed GPUS_PER_NODE (4)"),
         ("elite_replay_qwen4b.sh", {"ROLLOUT_TP": "4"}, "must be a multiple of ROLLOUT_TP"),
         ("headroom_drift_math.sh", {"TAU": "moderate"}, "TAU must be a number"),
+        ("headroom_drift_math.sh", {"SCAN_ORDER": "newest"}, "SCAN_ORDER must be one of"),
         (
             "elite_replay_qwen4b.sh",
             {"MAX_RESPONSE_LENGTH": "4096", "PPO_MAX_TOKEN_LEN": "8192"},

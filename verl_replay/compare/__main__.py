@@ -2,6 +2,7 @@
 
     python -m verl_replay.compare                                   # tiny profile, both comparisons, seeds 1,2,3
     python -m verl_replay.compare --comparison headroom_drift --seeds 1,2,3,4,5
+    python -m verl_replay.compare --profile arith --jobs 2          # the learnable addition task, 2 runs at once
     python -m verl_replay.compare --profile paper --dry-run         # print every arm's command (GPU cluster)
     DRY_RUN=1 python -m verl_replay.compare --profile paper         # the same
 
@@ -71,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--arms",
         type=_csv,
         default=None,
-        help="only these arms (grpo_matched, grpo_larger, naive, headroom_drift; grpo, elite_iid, elite)",
+        help="only these arms (grpo_matched, grpo_larger, naive, headroom_drift, headroom_only, drift_only, "
+        "grpo_control [arith]; grpo, elite_iid, elite)",
     )
     p.add_argument("--out", default=None, help="output folder (default: outputs/compare_<profile>)")
     p.add_argument("--steps", type=int, default=None, help="global training steps per run (tiny: 6, paper: 500)")
@@ -92,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="start no run that would likely end past this many seconds (repeat the command to continue)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs side by side (default 1; 2 on a 2-core machine overlaps one run's start-up with another's steps)",
     )
     p.add_argument("--report-only", action="store_true", help="write the report from the finished runs, run nothing")
     p.add_argument(
@@ -119,8 +127,8 @@ def _dry_run_env() -> bool:
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
-    for name in ("steps", "test_freq", "val_n"):
-        value = getattr(args, name)
+    for name in ("steps", "test_freq", "val_n", "jobs"):
+        value = getattr(args, name, None)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.tau is not None and not args.tau > 0:
@@ -256,7 +264,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start = time.monotonic()
     records: dict[str, dict[str, Any]] = {}
     if not args.report_only:
-        records = run_plan(plan, time_budget_s=args.time_budget)
+        records = run_plan(plan, time_budget_s=args.time_budget, jobs=args.jobs)
     wall = None if args.report_only else time.monotonic() - start
     document = collect_document(plan, records, wall)
     paths = write_outputs(plan.out_dir, document)

@@ -18,6 +18,7 @@ __all__ = [
     "COMPARISONS",
     "PROFILES",
     "TARGET_REPLAY_KL",
+    "UNGATED_TAU",
     "Arm",
     "Plan",
     "RunSpec",
@@ -33,6 +34,8 @@ PROFILES = ("tiny", "arith", "paper")
 
 # The paper's moderate gate: replay KL of the accepted groups near 0.002 (docs/headroom_drift.md).
 TARGET_REPLAY_KL = 0.002
+# The Headroom-only ablation's gate: far above any drift a finite log-ratio gives, so nothing is rejected.
+UNGATED_TAU = 1e9
 
 
 def tau_rule(target_kl: float = TARGET_REPLAY_KL) -> float:
@@ -83,6 +86,8 @@ class Profile:
     eval_limit: Optional[int]
     math_eval: bool  # run the recipe's eval stage for the math arms too (paper: Mean@32 / Best@32)
     tiny_task: Optional[str] = None  # the recipes' TINY_TASK (arith: the learnable tiny profile)
+    # the control arm's training reward rate (rewards drawn at random at this rate); None: no control arm
+    control_rate: Optional[float] = None
     comparisons: tuple[str, ...] = COMPARISONS  # the comparisons the profile has a task for
 
 
@@ -131,6 +136,9 @@ def arith_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, 
         math_eval=False,
         tiny_task="arith",
         comparisons=("headroom_drift",),
+        # the warm start's held-out sampled accuracy: the control sees the reward rate a real
+        # run starts from, but rewards that say nothing about the answer
+        control_rate=0.43,
     )
 
 
@@ -201,7 +209,7 @@ def headroom_drift_arms(profile: Profile, tau: float) -> list[Arm]:
     if 2 * larger != 3 * profile.prompts or larger % profile.mini_prompts:
         raise ValueError(f"1.5 x {profile.prompts} prompts must be a whole multiple of {profile.mini_prompts}")
     replay = {"K_REP": str(profile.k_rep)}
-    return [
+    arms = [
         Arm(
             "headroom_drift",
             "grpo_matched",
@@ -235,7 +243,37 @@ def headroom_drift_arms(profile: Profile, tau: float) -> list[Arm]:
             {"TRAIN_PROMPTS": str(profile.prompts), "TAU": f"{tau:.6g}", **replay},
             profile.prompts,
         ),
+        Arm(
+            "headroom_drift",
+            "headroom_only",
+            f"Headroom-only b{profile.prompts * profile.group_size}+r{profile.k_rep * profile.group_size} (no gate)",
+            "headroom_drift_math.sh",
+            {"TRAIN_PROMPTS": str(profile.prompts), "TAU": f"{UNGATED_TAU:g}", **replay},
+            profile.prompts,
+        ),
+        Arm(
+            "headroom_drift",
+            "drift_only",
+            f"Drift-only b{profile.prompts * profile.group_size}+r{profile.k_rep * profile.group_size} "
+            f"(newest first, tau {tau:.4f})",
+            "headroom_drift_math.sh",
+            {"TRAIN_PROMPTS": str(profile.prompts), "TAU": f"{tau:.6g}", "SCAN_ORDER": "recency", **replay},
+            profile.prompts,
+        ),
     ]
+    if profile.control_rate is not None:
+        arms.append(
+            Arm(
+                "headroom_drift",
+                "grpo_control",
+                f"control: GRPO b{profile.prompts * profile.group_size}, "
+                f"random rewards (rate {profile.control_rate:g})",
+                "baselines/grpo_onpolicy_b256.sh",
+                {"TRAIN_PROMPTS": str(profile.prompts), "REWARD_CONTROL_RATE": f"{profile.control_rate:g}"},
+                profile.prompts,
+            )
+        )
+    return arms
 
 
 def elite_arms(profile: Profile) -> list[Arm]:

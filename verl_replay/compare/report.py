@@ -25,6 +25,7 @@ __all__ = [
     "mean_std",
     "noise_verdict",
     "aggregate",
+    "gain_over_start",
     "reaggregate",
     "format_table",
     "plot_curves",
@@ -140,6 +141,16 @@ def paired_vs_reference(
     return out
 
 
+def gain_over_start(runs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """Per seed, the final Mean@n minus the one before training (step 0), with its 95% t interval
+    over seeds: whether an arm learns at all (a control arm should not)."""
+    start = {}
+    for seed, result in runs.items():
+        curve = result.get("val_curve") or []
+        start[seed] = float(curve[0]["mean"]) if curve and int(curve[0]["step"]) == 0 else None
+    return paired_difference({s: _value(r, "final_mean") for s, r in runs.items()}, start)
+
+
 def _kmax(results: Sequence[Mapping[str, Any]]) -> Optional[int]:
     ks = {int(k.split("@")[1]) for r in results for k in (r.get("eval") or {}) if k.startswith("pass@")}
     return max(ks) if ks else None
@@ -173,6 +184,7 @@ def aggregate(
                 "curve_mean": _curve_stats([r["val_curve"] for r in results], "mean"),
                 "curve_best": _curve_stats([r["val_curve"] for r in results], "best"),
                 "runs": {str(s): dict(seeds[s]) for s in sorted(seeds)},
+                "gain": gain_over_start(seeds),
             }
         )
     if out_arms:
@@ -264,6 +276,13 @@ def format_table(comp: Mapping[str, Any]) -> str:
     for arm in comp["arms"]:
         cells = [arm["label"], str(len(arm["seeds"]))] + [_fmt(arm["summary"].get(k, {}), kind) for k, _, kind in cols]
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(
+        f"Learning within a run: final - before training of Mean@{n} in points, "
+        "mean [95% t interval] over seeds (mean / standard error):"
+    )
+    for arm in comp["arms"]:
+        lines.append(f"- {arm['label']}: {_fmt_gain(arm.get('gain', {}))}")
     ref = next((a for a in comp["arms"] if a["name"] == comp["reference_arm"]), None)
     if ref is not None and len(comp["arms"]) > 1:
         lines.append("")
@@ -291,6 +310,13 @@ def _fmt_paired(diff: Mapping[str, Any]) -> str:
     if diff.get("low") is not None:
         text += f" [{100.0 * diff['low']:+.1f}, {100.0 * diff['high']:+.1f}]"
     return text + f" ({diff['n']} seeds)"
+
+
+def _fmt_gain(gain: Mapping[str, Any]) -> str:
+    text = _fmt_paired(gain)
+    if gain.get("se"):
+        text += f", {gain['mean'] / gain['se']:.1f} SE"
+    return text
 
 
 def plot_curves(comparisons: Sequence[Mapping[str, Any]], path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Run a plan's recipe commands one at a time (subprocesses), resumably.
+"""Run a plan's recipe commands as subprocesses, one or a few at a time, resumably.
 
 A finished run leaves ``<run_dir>/compare_run.json`` (its command, exit status and wall time);
 a rerun of the same comparison skips those runs, and a run that was interrupted is started
@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -62,12 +64,19 @@ def _print(line: str) -> None:
 
 
 def run_plan(
-    plan: Plan, *, say: Callable[[str], None] = _print, time_budget_s: Optional[float] = None
+    plan: Plan,
+    *,
+    say: Callable[[str], None] = _print,
+    time_budget_s: Optional[float] = None,
+    jobs: int = 1,
 ) -> dict[str, dict[str, Any]]:
-    """Every run of the plan (the archive search first), skipping finished ones. Returns the
-    records by run key; failed runs are recorded and the rest still run. With a time budget, a
-    run is not started when the time spent plus the mean wall time of this session's runs so far
-    would exceed it (the runs left are recorded as not started; repeat the command to add them)."""
+    """Every run of the plan (the archive search first), skipping finished ones, up to ``jobs``
+    at a time in plan order. Returns the records by run key, in plan order; failed runs are
+    recorded and the rest still run. With a time budget, a run is not started when the time spent
+    plus the mean wall time of this session's finished runs would exceed it (the runs left are
+    recorded as not started; repeat the command to add them)."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
     records: dict[str, dict[str, Any]] = {}
     start = time.monotonic()
     walls: list[float] = []
@@ -85,42 +94,47 @@ def run_plan(
             if record["returncode"] != 0:
                 say(f"[compare] archive search FAILED (exit {record['returncode']}): see {record['log']}")
     total = len(plan.runs)
+    queue: deque[tuple[int, RunSpec]] = deque()
     for index, spec in enumerate(plan.runs, 1):
         done = read_done(spec.run_dir)
         if done is not None:
             say(f"[compare] {index}/{total} {spec.key}: done earlier ({done['wall_s']:.0f}s)")
             records[spec.key] = done
-            continue
-        if spec.arm.comparison == "elite" and spec.arm.name != "grpo":
-            search = records.get("elite/search")
-            if search is None or search["returncode"] != 0:
-                records[spec.key] = {
-                    "key": spec.key,
-                    "command": spec.shell(),
-                    "returncode": None,
-                    "wall_s": 0.0,
-                    "log": None,
-                    "skipped": "no archive",
-                }
-                say(f"[compare] {index}/{total} {spec.key}: skipped (no archive)")
-                continue
-        if time_budget_s is not None and walls:
-            expected = time.monotonic() - start + sum(walls) / len(walls)
-            if expected > time_budget_s:
-                records[spec.key] = {
-                    "key": spec.key,
-                    "command": spec.shell(),
-                    "returncode": None,
-                    "wall_s": 0.0,
-                    "log": None,
-                    "skipped": "time budget",
-                }
-                say(f"[compare] {index}/{total} {spec.key}: not started (time budget {time_budget_s:.0f}s)")
-                continue
-        say(f"[compare] {index}/{total} {spec.key} ... (log {spec.log_path})")
-        record = run_spec(spec)
-        walls.append(record["wall_s"])
-        records[spec.key] = record
-        status = "ok" if record["returncode"] == 0 else f"FAILED (exit {record['returncode']}, see the log)"
-        say(f"[compare] {index}/{total} {spec.key}: {status} in {record['wall_s']:.0f}s")
-    return records
+        elif spec.arm.comparison == "elite" and spec.arm.name != "grpo" and _failed(records.get("elite/search")):
+            records[spec.key] = _not_started(spec, "no archive")
+            say(f"[compare] {index}/{total} {spec.key}: skipped (no archive)")
+        else:
+            queue.append((index, spec))
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        running: dict[Future[dict[str, Any]], tuple[int, RunSpec]] = {}
+        while queue or running:
+            while queue and len(running) < jobs:
+                index, spec = queue.popleft()
+                if time_budget_s is not None and walls:
+                    expected = time.monotonic() - start + sum(walls) / len(walls)
+                    if expected > time_budget_s:
+                        records[spec.key] = _not_started(spec, "time budget")
+                        say(f"[compare] {index}/{total} {spec.key}: not started (time budget {time_budget_s:.0f}s)")
+                        continue
+                say(f"[compare] {index}/{total} {spec.key} ... (log {spec.log_path})")
+                running[pool.submit(run_spec, spec)] = (index, spec)
+            if not running:
+                break
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                index, spec = running.pop(future)
+                record = future.result()
+                walls.append(record["wall_s"])
+                records[spec.key] = record
+                status = "ok" if record["returncode"] == 0 else f"FAILED (exit {record['returncode']}, see the log)"
+                say(f"[compare] {index}/{total} {spec.key}: {status} in {record['wall_s']:.0f}s")
+    order = ["elite/search"] + [spec.key for spec in plan.runs]
+    return {key: records[key] for key in order if key in records}
+
+
+def _failed(record: Optional[dict[str, Any]]) -> bool:
+    return record is None or record["returncode"] != 0
+
+
+def _not_started(spec: RunSpec, why: str) -> dict[str, Any]:
+    return {"key": spec.key, "command": spec.shell(), "returncode": None, "wall_s": 0.0, "log": None, "skipped": why}

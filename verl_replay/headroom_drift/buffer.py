@@ -108,6 +108,7 @@ from verl_replay.headroom_drift.scores import (
 
 __all__ = [
     "INGRESS_CRITERIA",
+    "SCAN_ORDERS",
     "HeadroomDriftBuffer",
     "NaiveReplayBuffer",
     "ReplayGroup",
@@ -120,6 +121,9 @@ __all__ = [
 ]
 
 INGRESS_CRITERIA: tuple[str, ...] = ("answer_disagree", "nonzero_advantage")
+# The order the scan walks the buffer: by cached Headroom (the method), or newest first (the
+# Policy-Drift-only ablation: the same gate without the Headroom ranking).
+SCAN_ORDERS: tuple[str, ...] = ("headroom", "recency")
 
 Scorer = Callable[[list["ReplayGroup"]], Sequence[Tensor]]
 
@@ -954,6 +958,8 @@ class _FifoReplayStore:
         if state.get("kind") != self._KIND:
             raise ValueError(f"state was saved by {state.get('kind')!r}, cannot load into {self._KIND!r}")
         saved_cfg = dict(state["config"])
+        if self._KIND == HeadroomDriftBuffer._KIND:
+            saved_cfg.setdefault("scan_order", "headroom")  # states saved before the option existed
         mine = self.config()
         diff = sorted(k for k in set(saved_cfg) | set(mine) if saved_cfg.get(k) != mine.get(k))
         if diff and strict:
@@ -1136,6 +1142,8 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         scan_chunk_groups: most groups per scorer call (before rounding to ``chunk_multiple``).
         max_scan_groups: optional cap on groups scanned per step (None = no cap).
         ingress: "answer_disagree" (default) or "nonzero_advantage".
+        scan_order: "headroom" (default: highest cached Headroom first) or "recency" (newest
+            birth step first, Headroom ignored: the Policy-Drift-only ablation).
     """
 
     _KIND = "HeadroomDriftBuffer"
@@ -1151,8 +1159,10 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         scan_chunk_groups: int,
         max_scan_groups: int | None = None,
         ingress: str = "answer_disagree",
+        scan_order: str = "headroom",
     ) -> None:
         super().__init__(capacity=capacity, k_rep=k_rep, ingress=ingress, weighting=weighting)
+        self.scan_order = _check_choice("scan_order", scan_order, SCAN_ORDERS)
         if isinstance(tau, bool) or not isinstance(tau, (int, float, np.floating, np.integer)):
             raise ValueError(f"tau must be a number, got {tau!r}")
         if math.isnan(float(tau)) or float(tau) < 0:
@@ -1173,17 +1183,20 @@ class HeadroomDriftBuffer(_FifoReplayStore):
             drift_norm=self.drift_norm,
             scan_chunk_groups=self.scan_chunk_groups,
             max_scan_groups=self.max_scan_groups,
+            scan_order=self.scan_order,
         )
         return cfg
 
     # -- ranking structure --------------------------------------------------------------------
 
     def _entry(self, g: ReplayGroup) -> tuple[float, int, int, int]:
-        # min-heap key: higher cached H first, then newer birth step, then earlier insertion
+        # min-heap key: higher cached H first (a constant under recency order), then newer birth
+        # step, then earlier insertion
         neg_birth = self._neg_birth.get(g.birth_step)
         if neg_birth is None:
             neg_birth = self._neg_birth[g.birth_step] = -g.birth_step
-        return (-g.headroom_cached, neg_birth, g.insert_seq, g.group_id)
+        rank = -g.headroom_cached if self.scan_order == "headroom" else 0.0
+        return (rank, neg_birth, g.insert_seq, g.group_id)
 
     def _is_live(self, entry: tuple[float, int, int, int]) -> bool:
         g = self._groups.get(entry[3])
@@ -1259,6 +1272,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         """Pick up to K_rep replay groups for ``step``; call before ``admit``.
 
         Scans candidates by cached Headroom (desc; ties newer birth step, then earlier
+        insertion; with ``scan_order="recency"`` newest birth step first, then earlier
         insertion), one scorer call per chunk; refreshes the cached Headroom of every scanned
         group; accepts while D <= tau; stops at K_rep accepted, no candidates left, or
         ``max_scan_groups`` scanned. Each chunk holds the smaller of ``scan_chunk_groups`` and

@@ -42,12 +42,29 @@ def test_no_state_is_reported_not_guessed(tmp_path):
     assert not check_state_manifest(tmp_path / "global_step_4" / "replay", step=4, identity=IDENTITY, settings={})
 
 
-@pytest.mark.parametrize("key, value", [("tau", 0.1), ("k_rep", 3), ("capacity", 8), ("ingress", "nonzero_advantage")])
+@pytest.mark.parametrize(
+    "key, value",
+    [("tau", 0.1), ("k_rep", 3), ("capacity", 8), ("ingress", "nonzero_advantage"), ("scan_order", "recency")],
+)
 def test_decision_settings_must_match(tmp_path, key, value):
     folder = saved_state(tmp_path)
     changed = ReplayConfig.from_mapping({"strategy": "headroom_drift", "k_rep": 2, "tau": 0.05, key: value})
     with pytest.raises(ReplayStateError, match=f"replay.{key} was"):
         check_state_manifest(folder, step=4, identity=IDENTITY, settings=decision_settings(changed))
+
+
+def test_a_manifest_written_before_scan_order_existed_means_headroom_order(tmp_path):
+    folder = saved_state(tmp_path)
+    manifest = json.loads((folder / STATE_MANIFEST).read_text())
+    del manifest["settings"]["scan_order"]
+    (folder / STATE_MANIFEST).write_text(json.dumps(manifest))
+    base = {"strategy": "headroom_drift", "k_rep": 2, "tau": 0.05}
+    assert check_state_manifest(
+        folder, step=4, identity=IDENTITY, settings=decision_settings(ReplayConfig.from_mapping(base))
+    )
+    recency = decision_settings(ReplayConfig.from_mapping({**base, "scan_order": "recency"}))
+    with pytest.raises(ReplayStateError, match="replay.scan_order was 'headroom'"):
+        check_state_manifest(folder, step=4, identity=IDENTITY, settings=recency)
 
 
 @pytest.mark.parametrize("key", sorted(IDENTITY))

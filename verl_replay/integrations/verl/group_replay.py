@@ -135,6 +135,7 @@ def build_buffer(config: ReplayConfig) -> HeadroomDriftBuffer | NaiveReplayBuffe
         scan_chunk_groups=config.scan_chunk_groups,
         max_scan_groups=config.max_scan_groups,
         ingress=config.ingress,
+        scan_order=config.scan_order,
     )
 
 

@@ -27,8 +27,20 @@ from verl_replay.config import ReplayConfig
 STATE_MANIFEST = "replay_state.json"
 STATE_FORMAT = 1
 # Replay settings a resumed run must share with the state it continues (they change decisions).
-DECISION_SETTINGS = ("strategy", "k_rep", "tau", "capacity", "weighting", "drift_norm", "max_scan_groups", "ingress")
+DECISION_SETTINGS = (
+    "strategy",
+    "k_rep",
+    "tau",
+    "capacity",
+    "weighting",
+    "drift_norm",
+    "max_scan_groups",
+    "ingress",
+    "scan_order",
+)
 ELITE_DECISION_SETTINGS = ("batch_size", "seed")
+# Decision settings newer than some saved states, with the value those states were saved under.
+_SETTINGS_ADDED_LATER = {"scan_order": "headroom"}
 
 
 class ReplayStateError(ValueError):
@@ -40,6 +52,14 @@ def decision_settings(config: ReplayConfig) -> dict[str, Any]:
     if config.uses_elite:
         settings.update({f"elite.{key}": getattr(config.elite, key) for key in ELITE_DECISION_SETTINGS})
     return settings
+
+
+def _saved_settings(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    saved = dict(manifest.get("settings", {}))
+    if "strategy" in saved:  # a manifest with settings: those added since it was written had their defaults
+        for key, default in _SETTINGS_ADDED_LATER.items():
+            saved.setdefault(key, default)
+    return saved
 
 
 def _sha256(path: Path) -> str:
@@ -114,7 +134,7 @@ def check_state_manifest(
                 f"the replay state in {root} was saved with {key}={saved!r}, this run has {identity.get(key)!r}: "
                 "its stored groups would not mean the same thing here; resume with the setting it was saved under"
             )
-    saved_settings = manifest.get("settings", {})
+    saved_settings = _saved_settings(manifest)
     for key in sorted(set(saved_settings) | set(settings)):
         if saved_settings.get(key) != settings.get(key):
             raise ReplayStateError(
@@ -143,7 +163,7 @@ def changed_settings(
         for key, saved in sorted(manifest.get("identity", {}).items())
         if key in identity and identity[key] != saved
     ]
-    saved_settings = manifest.get("settings", {})
+    saved_settings = _saved_settings(manifest)
     changed += [
         (f"replay.{key}", saved_settings.get(key), settings.get(key))
         for key in sorted(set(saved_settings) | set(settings))
