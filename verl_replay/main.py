@@ -172,10 +172,19 @@ def register_resolvers() -> None:
 # ---------------------------------------------------------------------------- verl set-up
 
 
+# Ray starts its worker processes at niceness 15 (its ``worker_niceness``) unless this variable says
+# otherwise. On CPU those workers do all of the run's work (training, rollout, rewards), so at 15
+# any other busy process on the machine takes ~97% of a core from them.
+RAY_WORKER_NICENESS_VAR = "RAY_worker_niceness"
+
+
 def prepare_platform(config: DictConfig) -> None:
-    """Select verl_replay's cpu platform in this process when the run asks for ``trainer.device=cpu``."""
+    """Select verl_replay's cpu platform in this process when the run asks for ``trainer.device=cpu``,
+    and have the Ray cluster it starts run its workers at this process's priority (a value the
+    user set is kept)."""
     if config.trainer.device != "cpu":
         return
+    os.environ.setdefault(RAY_WORKER_NICENESS_VAR, "0")
     os.environ["VERL_PLATFORM"] = "cpu"
     from verl.plugin.platform import get_platform, set_platform
 

@@ -221,6 +221,8 @@ def cluster(placement):
         RAY_DASHBOARD_PORT=str(ports[1]),
         RAY_NUM_CPUS="16",
         RAY_NUM_GPUS=str(per_node),
+        # the nodes' workers do a CPU run's work: at Ray's default niceness (15) a loaded machine starves them
+        RAY_worker_niceness="0",
         PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         PYTHONUNBUFFERED="1",
     )

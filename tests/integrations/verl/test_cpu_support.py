@@ -4,6 +4,7 @@ If one of these fails after a verl upgrade, the message says which private name 
 """
 
 import importlib
+import os
 
 import pytest
 import torch
@@ -150,3 +151,59 @@ def test_cpu_checkpoint_engine_is_registered():
     from verl_replay.integrations.verl.cpu_checkpoint_engine import BACKEND_NAME, GlooCheckpointEngine
 
     assert CheckpointEngineRegistry.get(BACKEND_NAME) is GlooCheckpointEngine
+
+
+_NICENESS_PROBE = r"""
+import json, os
+import ray
+from omegaconf import OmegaConf
+from verl_replay.main import prepare_platform
+
+@ray.remote
+def niceness():
+    return os.nice(0)
+
+def worker_niceness():
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        return ray.get(niceness.remote(), timeout=600)
+    finally:
+        ray.shutdown()
+
+cpu = OmegaConf.create({"trainer": {"device": "cpu"}})
+out = {"ray_default": worker_niceness()}  # Ray's own default, before verl_replay sets anything
+os.environ["RAY_worker_niceness"] = "7"
+prepare_platform(cpu)
+out["user_value_kept"] = os.environ["RAY_worker_niceness"]
+del os.environ["RAY_worker_niceness"]
+prepare_platform(cpu)
+out["cpu_run"] = worker_niceness()
+print(json.dumps(out))
+"""
+
+
+def test_cpu_runs_start_ray_workers_at_the_drivers_priority():
+    """Ray's workers default to niceness 15 (so any busy process starves a CPU run); a CPU run
+    sets Ray's ``RAY_worker_niceness`` to 0 unless the user set it. Canary: Ray itself is asked
+    for the niceness its workers got, before and after."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _NICENESS_PROBE], env=env, capture_output=True, text=True, timeout=1800
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == {"ray_default": 15, "user_value_kept": "7", "cpu_run": 0}, seen
+
+
+def test_gpu_runs_leave_rays_worker_niceness_alone(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from verl_replay.main import prepare_platform
+
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    prepare_platform(OmegaConf.create({"trainer": {"device": "cuda"}}))
+    assert "RAY_worker_niceness" not in os.environ

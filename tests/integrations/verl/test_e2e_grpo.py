@@ -71,7 +71,14 @@ def run_verls_own_entry_point(tmp_path: Path, overrides: tuple[str, ...]) -> lis
     (tmp_path / "verl_config").mkdir()
     (tmp_path / "verl_config" / "run.yaml").write_text(yaml.safe_dump(config))
     verl_metrics = tmp_path / "verl_metrics.jsonl"
-    env = dict(os.environ, VERL_PLATFORM="cpu", VERL_FILE_LOGGER_PATH=str(verl_metrics), PYTHONUNBUFFERED="1")
+    # RAY_worker_niceness as verl_replay.main sets it on CPU (Ray's 15 lets a loaded machine starve the run)
+    env = dict(
+        os.environ,
+        VERL_PLATFORM="cpu",
+        VERL_FILE_LOGGER_PATH=str(verl_metrics),
+        PYTHONUNBUFFERED="1",
+        RAY_worker_niceness="0",
+    )
     command = [
         sys.executable,
         "-m",
