@@ -45,7 +45,11 @@ def kill_after_checkpoint(
 def kill_tree(process: subprocess.Popen) -> None:
     """SIGKILL the process group the run leads and every descendant (Ray starts some in sessions of
     their own), then wait until all of them are gone."""
-    tree = [process.pid] + [child.pid for child in psutil.Process(process.pid).children(recursive=True)]
+    try:
+        children = [child.pid for child in psutil.Process(process.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:  # it ended on its own meanwhile: do not hide the caller's error behind this
+        children = []
+    tree = [process.pid] + children
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
