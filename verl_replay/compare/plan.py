@@ -208,69 +208,47 @@ def headroom_drift_arms(profile: Profile, tau: float) -> list[Arm]:
     larger = (3 * profile.prompts) // 2  # 1.5 G fresh groups, optimiser steps of the same size
     if 2 * larger != 3 * profile.prompts or larger % profile.mini_prompts:
         raise ValueError(f"1.5 x {profile.prompts} prompts must be a whole multiple of {profile.mini_prompts}")
-    replay = {"K_REP": str(profile.k_rep)}
+    fresh = f"b{profile.prompts * profile.group_size}"
+    sizes = f"{fresh}+r{profile.k_rep * profile.group_size}"
+    matched = {"TRAIN_PROMPTS": str(profile.prompts)}
+    replayed = {**matched, "K_REP": str(profile.k_rep)}
+    gated = {**replayed, "TAU": f"{tau:.6g}"}
+
+    def arm(name: str, label: str, recipe: str, env: dict[str, str], prompts: int = profile.prompts) -> Arm:
+        return Arm("headroom_drift", name, label, recipe, env, prompts)
+
     arms = [
-        Arm(
-            "headroom_drift",
-            "grpo_matched",
-            f"GRPO on-policy b{profile.prompts * profile.group_size}",
-            "baselines/grpo_onpolicy_b256.sh",
-            {"TRAIN_PROMPTS": str(profile.prompts)},
-            profile.prompts,
-        ),
-        Arm(
-            "headroom_drift",
+        arm("grpo_matched", f"GRPO on-policy {fresh}", "baselines/grpo_onpolicy_b256.sh", matched),
+        arm(
             "grpo_larger",
             f"GRPO on-policy b{larger * profile.group_size}",
             "baselines/grpo_onpolicy_b384.sh",
             {"TRAIN_PROMPTS": str(larger)},
             larger,
         ),
-        Arm(
-            "headroom_drift",
-            "naive",
-            f"naive replay b{profile.prompts * profile.group_size}+r{profile.k_rep * profile.group_size}",
-            "baselines/naive_replay.sh",
-            {"TRAIN_PROMPTS": str(profile.prompts), **replay},
-            profile.prompts,
-        ),
-        Arm(
-            "headroom_drift",
-            "headroom_drift",
-            f"Headroom-Drift b{profile.prompts * profile.group_size}"
-            f"+r{profile.k_rep * profile.group_size} (tau {tau:.4f})",
-            "headroom_drift_math.sh",
-            {"TRAIN_PROMPTS": str(profile.prompts), "TAU": f"{tau:.6g}", **replay},
-            profile.prompts,
-        ),
-        Arm(
-            "headroom_drift",
+        arm("naive", f"naive replay {sizes}", "baselines/naive_replay.sh", replayed),
+        arm("headroom_drift", f"Headroom-Drift {sizes} (tau {tau:.4f})", "headroom_drift_math.sh", gated),
+        arm(
             "headroom_only",
-            f"Headroom-only b{profile.prompts * profile.group_size}+r{profile.k_rep * profile.group_size} (no gate)",
+            f"Headroom-only {sizes} (no gate)",
             "headroom_drift_math.sh",
-            {"TRAIN_PROMPTS": str(profile.prompts), "TAU": f"{UNGATED_TAU:g}", **replay},
-            profile.prompts,
+            {**replayed, "TAU": f"{UNGATED_TAU:g}"},
         ),
-        Arm(
-            "headroom_drift",
+        arm(
             "drift_only",
-            f"Drift-only b{profile.prompts * profile.group_size}+r{profile.k_rep * profile.group_size} "
-            f"(newest first, tau {tau:.4f})",
+            f"Drift-only {sizes} (newest first, tau {tau:.4f})",
             "headroom_drift_math.sh",
-            {"TRAIN_PROMPTS": str(profile.prompts), "TAU": f"{tau:.6g}", "SCAN_ORDER": "recency", **replay},
-            profile.prompts,
+            {**gated, "SCAN_ORDER": "recency"},
         ),
     ]
     if profile.control_rate is not None:
+        rate = f"{profile.control_rate:g}"
         arms.append(
-            Arm(
-                "headroom_drift",
+            arm(
                 "grpo_control",
-                f"control: GRPO b{profile.prompts * profile.group_size}, "
-                f"random rewards (rate {profile.control_rate:g})",
+                f"control: GRPO {fresh}, random rewards (rate {rate})",
                 "baselines/grpo_onpolicy_b256.sh",
-                {"TRAIN_PROMPTS": str(profile.prompts), "REWARD_CONTROL_RATE": f"{profile.control_rate:g}"},
-                profile.prompts,
+                {**matched, "REWARD_CONTROL_RATE": rate},
             )
         )
     return arms
