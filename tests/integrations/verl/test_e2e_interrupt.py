@@ -54,6 +54,14 @@ def _sigint_disposition(pid: int) -> dict[str, bool]:
     return {"ignored": masks["SigIgn"], "blocked": masks["SigBlk"], "caught": masks["SigCgt"]}
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """Run in the child before exec: SIGINT back to its default action, as a terminal's foreground
+    job has it. A job started in the background of a non-interactive shell (``.ci/run &``, the way a
+    loaded check gets run) inherits SIGINT ignored, and Python keeps an inherited SIG_IGN, so the run
+    would never see the signal (it trained on to its end and exited 0 on two such runs)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -84,6 +92,7 @@ def test_ctrl_c_stops_the_run_with_130_cleans_up_and_the_advice_resumes_it(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, like a job in a terminal
+        preexec_fn=_sigint_as_in_a_terminal,
     )
     latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
     try:
@@ -95,9 +104,9 @@ def test_ctrl_c_stops_the_run_with_130_cleans_up_and_the_advice_resumes_it(
             time.sleep(0.1)
         tree = _descendants(process.pid)
         assert tree, "the run started no process (Ray, its workers)"
-        # what the run's driver does with SIGINT, and where the run is, when the signal goes out (two
-        # loaded CI runs saw it ignored: the run trained on to its end and exited 0)
+        # what the run's driver does with SIGINT, and where the run is, when the signal goes out
         at_signal = {"checkpointed_step": _checkpointed_step(latest), **_sigint_disposition(process.pid)}
+        assert at_signal["caught"] and not at_signal["ignored"], f"the driver does not handle SIGINT: {at_signal}"
         os.killpg(process.pid, signal.SIGINT)
         out, err = process.communicate(timeout=300)
     except BaseException:
