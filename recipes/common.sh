@@ -300,13 +300,22 @@ checkpoint_overrides() {
   fi
 }
 
-# gpu_engine_overrides: FSDP2 / vLLM sizing for long sequences (the GPU profile's open knobs).
-gpu_engine_overrides() {
-  is_true "$TINY" && return 0
+# dynamic_batch_overrides: verl's token-budget micro-batches (use_dynamic_bsz), as the GPU profile
+# runs them: an update micro-batch holds up to PPO_MAX_TOKEN_LEN tokens, a log-prob pass up to
+# LOG_PROB_MAX_TOKEN_LEN (see setup_engine).
+dynamic_batch_overrides() {
   TRAIN_ARGS+=(
     actor_rollout_ref.actor.use_dynamic_bsz=True
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$PPO_MAX_TOKEN_LEN"
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$LOG_PROB_MAX_TOKEN_LEN"
+  )
+}
+
+# gpu_engine_overrides: FSDP2 / vLLM sizing for long sequences (the GPU profile's open knobs).
+gpu_engine_overrides() {
+  is_true "$TINY" && return 0
+  dynamic_batch_overrides
+  TRAIN_ARGS+=(
     "actor_rollout_ref.actor.fsdp_config.param_offload=$ACTOR_PARAM_OFFLOAD"
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload=$ACTOR_OFFLOAD"
     "actor_rollout_ref.rollout.tensor_model_parallel_size=$ROLLOUT_TP"

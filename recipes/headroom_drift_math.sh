@@ -239,6 +239,9 @@ train_cmd() {
   cluster_overrides
   checkpoint_overrides
   gpu_engine_overrides
+  # the addition profile's runs batch by tokens as the GPU profile does (one micro-batch per
+  # optimiser step at its sizes: ~3x faster steps than 4-row micro-batches on CPU)
+  if is_tiny_arith; then dynamic_batch_overrides; fi
   gpu_stack_overrides
   TRAIN_ARGS+=("$@")
   if is_true "$DRY_RUN"; then TRAIN_ARGS+=(dry_run=true); fi

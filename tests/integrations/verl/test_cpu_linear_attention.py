@@ -106,6 +106,69 @@ def test_gated_delta_rule_starts_each_sequence_from_its_own_state():
     torch.testing.assert_close(out[:, start:end], alone)
 
 
+# one, two and three 64-token chunks, an empty sequence, sequences that share a chunk count
+MIXED_SEGMENTS = (5, 70, 1, 0, 64, 9, 130, 65)
+
+
+def _each_alone(q, k, v, g, beta, lengths, initial=None):
+    """transformers' chunked fallback on every packed sequence by itself (the kernel's reference)."""
+    offsets = _offsets(lengths).tolist()
+    outs, states = [], []
+    for i, (start, end) in enumerate(zip(offsets[:-1], offsets[1:], strict=True)):
+        state = initial[i : i + 1] if initial is not None else None
+        if end == start:
+            states.append(state if state is not None else torch.zeros(1, q.shape[2], q.shape[3], v.shape[3]))
+            continue
+        out, final = qwen3_5.torch_chunk_gated_delta_rule(
+            *(t[:, start:end] for t in (q, k, v)),
+            g=g[:, start:end],
+            beta=beta[:, start:end],
+            initial_state=state,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
+        outs.append(out)
+        states.append(final)
+    return torch.cat(outs, dim=1), torch.cat(states, dim=0)
+
+
+@pytest.mark.parametrize("with_initial_state", [False, True])
+def test_sequences_of_one_chunk_count_run_together_as_each_would_alone(with_initial_state):
+    """The kernel runs the sequences that fill the same number of chunks as rows of one fallback
+    call; each row must still be that sequence's own computation: outputs, final states and the
+    gradients into every input equal the fallback run on each sequence by itself."""
+    inputs = [t.requires_grad_() for t in _qkv(sum(MIXED_SEGMENTS), seed=4)]
+    initial = torch.randn(len(MIXED_SEGMENTS), 2, 8, 4) if with_initial_state else None
+    kernel = cla.make_packed_chunk_gated_delta_rule(qwen3_5.torch_chunk_gated_delta_rule)
+    q, k, v, g, beta = inputs
+    out, states = kernel(
+        q, k, v, g=g, beta=beta, initial_state=initial, output_final_state=True,
+        use_qk_l2norm_in_kernel=True, cu_seqlens=_offsets(MIXED_SEGMENTS),
+    )  # fmt: skip
+    weights = torch.randn_like(out)
+    ours = torch.autograd.grad((out * weights).sum() + states.sum(), inputs)
+    ref_out, ref_states = _each_alone(q, k, v, g, beta, MIXED_SEGMENTS, initial)
+    reference = torch.autograd.grad((ref_out * weights).sum() + ref_states.sum(), inputs)
+    torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(states, ref_states, rtol=1e-6, atol=1e-6)
+    for mine, theirs in zip(ours, reference, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_one_fallback_call_per_chunk_count(monkeypatch):
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape[:2])  # [rows, padded length]
+        return qwen3_5.torch_chunk_gated_delta_rule(*args, **kwargs)
+
+    counting.__signature__ = inspect.signature(qwen3_5.torch_chunk_gated_delta_rule)
+    kernel = cla.make_packed_chunk_gated_delta_rule(counting)
+    q, k, v, g, beta = _qkv(sum(MIXED_SEGMENTS))
+    kernel(q, k, v, g=g, beta=beta, cu_seqlens=_offsets(MIXED_SEGMENTS), use_qk_l2norm_in_kernel=True)
+    assert sorted(calls) == [(1, 192), (2, 128), (4, 64)]  # 130 | 70, 65 | 5, 1, 64, 9 (the empty one: none)
+
+
 def test_gated_delta_rule_without_boundaries_is_the_torch_fallback_bit_for_bit():
     q, k, v, g, beta = _qkv(70, seed=3)  # more than one 64-token chunk
     kernel = cla.make_packed_chunk_gated_delta_rule(qwen3_5.torch_chunk_gated_delta_rule)

@@ -115,6 +115,66 @@ def _torch_fallback(module_name: str) -> Callable[..., Any]:
     return fallback
 
 
+def _chunk_size(fallback: Callable[..., Any]) -> int:
+    """The chunk length ``fallback`` pads every sequence to a multiple of (its ``chunk_size`` default)."""
+    import inspect
+
+    parameter = inspect.signature(fallback).parameters.get("chunk_size")
+    if parameter is None or not isinstance(parameter.default, int):
+        raise TransformersApiChanged(
+            f"{getattr(fallback, '__qualname__', fallback)} has no integer chunk_size default; verl_replay pins "
+            "transformers==5.9.0"
+        )
+    return parameter.default
+
+
+def _pad_time(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t`` [1, t, ...] zero-padded at the end of its time dimension to ``width``."""
+    return F.pad(t, (0, 0) * (t.dim() - 2) + (0, width - t.shape[1]))
+
+
+def _run_segments_batched(
+    fallback: Callable[..., Any],
+    chunk: int,
+    tensors: tuple[torch.Tensor, ...],
+    offsets: list[int],
+    initial_state: torch.Tensor | None,
+    common: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The packed sequences of ``tensors`` (query, key, value [1, T, H, *]; g, beta [1, T, H]), those
+    of one chunk count as the rows of one ``fallback`` call; outputs back in packed order."""
+    query, value = tensors[0], tensors[2]
+    segments = _segments(offsets)
+    by_chunks: dict[int, list[int]] = {}
+    for i, (start, end) in enumerate(segments):
+        if end > start:
+            by_chunks.setdefault(-(-(end - start) // chunk), []).append(i)
+    outputs: list[torch.Tensor | None] = [None] * len(segments)
+    finals: list[torch.Tensor | None] = [None] * len(segments)
+    for n_chunks, members in by_chunks.items():
+        width = n_chunks * chunk
+        rows = [
+            torch.cat([_pad_time(t[:, segments[i][0] : segments[i][1]], width) for i in members], dim=0)
+            for t in tensors
+        ]  # each [b, width, H, *]
+        state = initial_state[members] if initial_state is not None else None  # [b, H, K, V]
+        out, final = fallback(*rows[:3], g=rows[3], beta=rows[4], initial_state=state, **common)  # [b, width, H, V]
+        for row, i in enumerate(members):
+            outputs[i] = out[row : row + 1, : segments[i][1] - segments[i][0]]  # [1, t, H, V]
+            if common["output_final_state"]:
+                finals[i] = final[row : row + 1]  # [1, H, K, V]
+    present = [out for out in outputs if out is not None]
+    output = torch.cat(present, dim=1) if present else value.new_zeros(value.shape)
+    if not common["output_final_state"]:
+        return output, None
+    for i, final in enumerate(finals):
+        if final is None:  # an empty sequence: no output, its state passes through
+            passed = initial_state[i : i + 1] if initial_state is not None else None
+            zeros = query.new_zeros(1, value.shape[2], query.shape[-1], value.shape[-1], dtype=torch.float32)
+            finals[i] = passed if passed is not None else zeros
+    return output, torch.cat(finals, dim=0)
+
+
 def make_packed_chunk_gated_delta_rule(fallback: Callable[..., Any]) -> Callable[..., Any]:
     """flash-linear-attention's ``chunk_gated_delta_rule`` on top of transformers' torch fallback.
 
@@ -122,7 +182,14 @@ def make_packed_chunk_gated_delta_rule(fallback: Callable[..., Any]) -> Callable
     passes it) each packed sequence runs on its own, from its own ``initial_state`` row (or zeros).
     Shapes as in flash-linear-attention: ``query``/``key`` [B, T, H, K], ``value`` [B, T, H, V],
     ``g``/``beta`` [B, T, H]; with ``cu_seqlens`` (N+1 offsets) B is 1 and the states are [N, H, K, V].
+
+    The fallback pads every sequence with zeros to a multiple of its chunk size and runs a Python
+    loop per chunk; so the packed sequences that fill the same number of chunks are padded here the
+    way the fallback pads each of them and run as the rows of one call (the rows never mix): each
+    sequence gets the fallback's own arithmetic on its own input, in one call per chunk count
+    instead of one per sequence (a micro-batch of 32 short answers: one call, not 32).
     """
+    chunk = _chunk_size(fallback)
 
     def packed_chunk_gated_delta_rule(
         query: torch.Tensor,
@@ -148,26 +215,7 @@ def make_packed_chunk_gated_delta_rule(fallback: Callable[..., Any]) -> Callable
         offsets = (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).tolist()
         if offsets[0] != 0 or offsets[-1] != query.shape[1]:
             raise ValueError(f"cu_seqlens {offsets[0]}..{offsets[-1]} does not cover the {query.shape[1]} tokens")
-        outputs, states = [], []
-        for i, (start, end) in enumerate(_segments(offsets)):
-            state = initial_state[i : i + 1] if initial_state is not None else None
-            if end == start:  # an empty sequence: no output, the state passes through
-                if output_final_state:
-                    zeros = query.new_zeros(1, value.shape[2], query.shape[-1], value.shape[-1], dtype=torch.float32)
-                    states.append(state if state is not None else zeros)
-                continue
-            out, final = fallback(
-                *(t[:, start:end] for t in (query, key, value)),
-                g=g[:, start:end],
-                beta=beta[:, start:end],
-                initial_state=state,
-                **common,
-            )
-            outputs.append(out)  # [1, t, H, V]
-            if output_final_state:
-                states.append(final)  # [1, H, K, V]
-        output = torch.cat(outputs, dim=1) if outputs else value.new_zeros(value.shape)
-        return output, torch.cat(states, dim=0) if output_final_state else None
+        return _run_segments_batched(fallback, chunk, (query, key, value, g, beta), offsets, initial_state, common)
 
     packed_chunk_gated_delta_rule._verl_replay_packed = True  # type: ignore[attr-defined]
     return packed_chunk_gated_delta_rule
