@@ -33,6 +33,14 @@ RESUMED_STEPS = 2  # the resumed run trains this many steps past the last checkp
 # exit 0, on a loaded CI machine).
 INTERRUPTED_RUN_STEPS = 50
 ELITE_ROWS = 4
+# `python -m verl_replay.main` with SIGINT at Python's default handler, as a terminal's foreground
+# job has it: a job started in the background of a non-interactive shell (`.ci/run &`, the way a
+# loaded check gets run) inherits SIGINT ignored, and Python keeps an inherited SIG_IGN, so only
+# Ray's processes in the group saw the signal (two such runs trained on to their end, exit 0).
+MAIN_AS_A_TERMINAL_JOB = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('verl_replay.main', run_name='__main__', alter_sys=True)"
+)
 
 
 def _checkpointed_step(tracker: Path) -> int:
@@ -52,14 +60,6 @@ def _sigint_disposition(pid: int) -> dict[str, bool]:
             if key in ("SigIgn", "SigBlk", "SigCgt"):
                 masks[key] = bool(int(value.strip(), 16) >> (signal.SIGINT - 1) & 1)
     return {"ignored": masks["SigIgn"], "blocked": masks["SigBlk"], "caught": masks["SigCgt"]}
-
-
-def _sigint_as_in_a_terminal() -> None:
-    """Run in the child before exec: SIGINT back to its default action, as a terminal's foreground
-    job has it. A job started in the background of a non-interactive shell (``.ci/run &``, the way a
-    loaded check gets run) inherits SIGINT ignored, and Python keeps an inherited SIG_IGN, so the run
-    would never see the signal (it trained on to its end and exited 0 on two such runs)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -83,7 +83,7 @@ def test_ctrl_c_stops_the_run_with_130_cleans_up_and_the_advice_resumes_it(
         f"replay.audit_dir={audit}",
         "trainer.save_freq=1",
     )
-    command = [sys.executable, "-m", "verl_replay.main", "trainer.experiment_name=interrupted", *overrides]
+    command = [sys.executable, "-c", MAIN_AS_A_TERMINAL_JOB, "trainer.experiment_name=interrupted", *overrides]
     process = subprocess.Popen(
         [*command, f"trainer.total_training_steps={INTERRUPTED_RUN_STEPS}", f"run_dir={run_dir}"],
         cwd=tmp_path,
@@ -92,7 +92,6 @@ def test_ctrl_c_stops_the_run_with_130_cleans_up_and_the_advice_resumes_it(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, like a job in a terminal
-        preexec_fn=_sigint_as_in_a_terminal,
     )
     latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
     try:
