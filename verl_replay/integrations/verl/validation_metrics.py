@@ -25,8 +25,8 @@ METRIC_UTILS_MODULE = "verl.trainer.ppo.metric_utils"
 # (module, attribute) of the verl name this module rebinds
 PRIVATE_API_PATCHES: tuple[tuple[str, str], ...] = ((METRIC_UTILS_MODULE, "bootstrap_metric"),)
 
-# the reductions verl's best@k / worst@k pass, and the axis-wise form of each
-_ROW_REDUCTIONS: dict[Callable[..., Any], Callable[..., np.ndarray]] = {np.max: np.max, np.min: np.min}
+# the reductions verl's best@k / worst@k pass (each also reduces a matrix row by row with axis=1)
+_ROW_REDUCTIONS: tuple[Callable[..., Any], ...] = (np.max, np.min)
 
 
 def _numeric(data: Sequence[Any]) -> np.ndarray | None:
@@ -56,7 +56,7 @@ def vectorized_bootstrap(
     samples = values[draws]  # [n_bootstrap, k]
     results = []
     for fn in reduce_fns:
-        reduced = _ROW_REDUCTIONS[fn](samples, axis=1)  # [n_bootstrap]
+        reduced = fn(samples, axis=1)  # [n_bootstrap]
         results.append((float(np.mean(reduced)), float(np.std(reduced))))
     return results
 
