@@ -19,6 +19,8 @@
 # ARCHIVE, SEARCH_*, EVAL_N, EVAL_K, EVAL_MODEL, STAGES.
 # DRY_RUN=1: compose + validate + print the training config on CPU; search/eval commands only printed.
 # TINY=1: the same recipe at toy scale on CPU (tiny SQL model and databases, hf backends).
+# TINY=1 TINY_TASK=shapes: the tiny query-shapes profile (questions with three right query shapes,
+# 60 global steps of 8 questions x 8 responses, held-out validation every 10 steps; recipes/README.md).
 set -euo pipefail
 
 RECIPE_NAME=elite_replay_qwen4b
@@ -30,9 +32,22 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 require_one_of STRATEGY elite elite_iid none
 if [[ "$STRATEGY" == none ]]; then : "${STAGES:=train,eval}"; else : "${STAGES:=search,train,eval}"; fi
 check_stages search train eval
+: "${TINY_TASK:=sql}"
+require_one_of TINY_TASK sql shapes
+is_tiny_shapes() { is_true "$TINY" && [[ "$TINY_TASK" == shapes ]]; }
 
 # ------------------------------------------------------------------ inputs and outputs
-if is_true "$TINY"; then
+if is_tiny_shapes; then
+  load_tiny_task shapes
+  : "${MODEL_PATH:=$TINY_TASK_MODEL_DIR}"
+  : "${TRAIN_FILES:=$TINY_TASK_TRAIN}"
+  : "${VAL_FILES:=$TINY_TASK_VAL}"
+  : "${EVAL_FILES:=$TINY_TASK_VAL}"
+  if [[ -z "${OUTPUT_DIR:-}" ]]; then
+    mkdir -p "$PWD/outputs"
+    OUTPUT_DIR="$(mktemp -d "$PWD/outputs/tiny_elite_shapes-$(date +%Y%m%d-%H%M%S)-XXXX")"
+  fi
+elif is_true "$TINY"; then
   load_tiny_assets
   : "${MODEL_PATH:=$TINY_SQL_MODEL_DIR}"
   : "${TRAIN_FILES:=$TINY_SQL_TRAIN}"
@@ -60,6 +75,16 @@ absolute_model MODEL_PATH
 : "${PROJECT:=elite_replay_sql}"
 
 # ------------------------------------------------------------------ training sizes
+if is_tiny_shapes; then
+  # GRPO's settings of the tiny addition profile (lr 2e-4 warmed up over 10 optimiser steps), sampled
+  # held-out validation (128 questions x VAL_N) every 10 global steps; the search samples every
+  # training question; the evaluation draws 16 answers per held-out question (pass@k, distinct shapes)
+  : "${TOTAL_STEPS:=60}" "${TRAIN_PROMPTS:=8}" "${GROUP_SIZE:=8}" "${PPO_MINI_PROMPTS:=4}" "${LR:=2e-4}"
+  : "${LR_WARMUP_STEPS:=10}" "${MAX_RESPONSE_LENGTH:=32}" "${MAX_PROMPT_LENGTH:=64}" "${TEST_FREQ:=10}"
+  : "${VAL_N:=4}" "${VAL_TEMPERATURE:=1.0}" "${ELITE_BATCH_SIZE:=8}"
+  : "${SEARCH_LIMIT:=}" "${SEARCH_SEEDS:=8}" "${SEARCH_MUTATIONS:=0}" "${SEARCH_BATCH_SIZE:=512}"
+  : "${EVAL_N:=16}" "${EVAL_K:=1,4,16}" "${EVAL_LIMIT:=}"
+fi
 : "${TOTAL_STEPS:=$(pick 100 3)}"
 : "${TRAIN_PROMPTS:=$(pick 128 4)}"           # questions per global step
 : "${GROUP_SIZE:=$(pick 8 4)}"                # GRPO responses per question
@@ -71,6 +96,8 @@ absolute_model MODEL_PATH
 : "${SAVE_FREQ:=$(pick 25 "$TOTAL_STEPS")}"
 : "${TEST_FREQ:=$(pick 25 -1)}"
 : "${VAL_N:=1}"                               # validation during training: greedy, one sample
+: "${VAL_TEMPERATURE:=}"                      # empty: verl's greedy validation; else sampled at this temperature
+: "${LR_WARMUP_STEPS:=}"                      # optimiser steps of linear warm-up (empty: verl's default, none)
 # EliteReplay: weight of the replay NLL term, archive entries per global step (spread over its
 # update rounds: 32 per round of the full recipe), sampler seed
 : "${MU:=0.05}"
@@ -85,7 +112,7 @@ absolute_model MODEL_PATH
 : "${SEARCH_SEEDS:=8}"                        # base-model samples per question (round 0)
 : "${SEARCH_MUTATIONS:=$(pick 16 2)}"         # directed mutations per question, over SEARCH_ROUNDS
 : "${SEARCH_ROUNDS:=$(pick 4 1)}"
-: "${SEARCH_LIMIT:=$(pick "" 8)}"             # empty = every training question
+: "${SEARCH_LIMIT=$(pick "" 8)}"              # empty = every training question (unset, TINY=1: 8)
 : "${SEARCH_BATCH_SIZE:=$(pick 2048 32)}"     # sequences per generate call
 : "${SEARCH_MAX_NEW_TOKENS:=$MAX_RESPONSE_LENGTH}"
 : "${SEARCH_TP:=1}"
@@ -98,7 +125,7 @@ absolute_model MODEL_PATH
 : "${EVAL_BACKEND:=$(pick vllm hf)}"
 : "${EVAL_N:=$(pick 128 4)}"
 : "${EVAL_K:=$(pick 1,2,4,8,16,32,64,128 1,2,4)}"
-: "${EVAL_LIMIT:=$(pick "" 2)}"               # empty = every question
+: "${EVAL_LIMIT=$(pick "" 2)}"                # empty = every question (unset, TINY=1: 2)
 : "${EVAL_MAX_NEW_TOKENS:=$MAX_RESPONSE_LENGTH}"
 : "${EVAL_TEMPERATURE:=1.0}"
 : "${EVAL_TOP_P:=1.0}"
@@ -115,6 +142,8 @@ require_positive TOTAL_STEPS GROUP_SIZE MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH SA
 require_positive SEARCH_ROUNDS SEARCH_BATCH_SIZE SEARCH_MAX_NEW_TOKENS SEARCH_TP EVAL_N EVAL_MAX_NEW_TOKENS EVAL_TP
 require_uint SEARCH_SEEDS SEARCH_MUTATIONS SEARCH_SEED ELITE_SEED VERIFY_WORKERS
 require_number LR MU ROLLOUT_TEMPERATURE SEARCH_TEMPERATURE EVAL_TEMPERATURE EVAL_TOP_P VERIFY_TIMEOUT_S
+if [[ -n "$VAL_TEMPERATURE" ]]; then require_number VAL_TEMPERATURE; fi
+if [[ -n "$LR_WARMUP_STEPS" ]]; then require_uint LR_WARMUP_STEPS; fi
 require_one_of SEARCH_BACKEND vllm hf
 require_one_of EVAL_BACKEND vllm hf
 setup_rounds
@@ -148,7 +177,12 @@ search_cmd() {
 }
 
 train_cmd() {
-  base_train_args sql
+  base_train_args "$TINY_TASK"
+  if [[ -n "$VAL_TEMPERATURE" ]]; then
+    TRAIN_ARGS+=("actor_rollout_ref.rollout.val_kwargs.temperature=$VAL_TEMPERATURE"
+      actor_rollout_ref.rollout.val_kwargs.do_sample=True)
+  fi
+  if [[ -n "$LR_WARMUP_STEPS" ]]; then TRAIN_ARGS+=("actor_rollout_ref.actor.optim.lr_warmup_steps=$LR_WARMUP_STEPS"); fi
   if [[ "$STRATEGY" != none ]]; then
     TRAIN_ARGS+=(
       "replay.elite.archive=$ARCHIVE"
@@ -161,6 +195,8 @@ train_cmd() {
   cluster_overrides
   checkpoint_overrides
   gpu_engine_overrides
+  # as the addition profile: micro-batches by tokens, one per optimiser step at its sizes
+  if is_tiny_shapes; then dynamic_batch_overrides; fi
   gpu_stack_overrides
   TRAIN_ARGS+=("$@")
   if is_true "$DRY_RUN"; then TRAIN_ARGS+=(dry_run=true); fi

@@ -186,10 +186,29 @@ def test_a_misspelled_verl_key_gets_a_did_you_mean_not_hydras_plus(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("task", "domain", "refused"),
+    [("shapes", "sql", False), ("sql", "sql", False), ("shapes", "math", True), ("math", "sql", True)],
+)
+def test_a_tiny_run_takes_an_archive_of_its_tasks_domain(tmp_path, task, domain, refused):
+    from omegaconf import OmegaConf
+
+    from verl_replay.main import check_archive_task
+
+    archive = tmp_path / "elite_archive.parquet"
+    (tmp_path / "elite_archive.parquet.manifest.json").write_text(json.dumps({"domain": domain}))
+    config = OmegaConf.create({"tiny_task": task})
+    if not refused:
+        check_archive_task(config, str(archive))  # the query-shapes task is a SQL task
+        return
+    with pytest.raises(StartupError, match=f"is a {domain} archive and this run trains tiny_task={task}"):
+        check_archive_task(config, str(archive))
+
+
 def test_an_unknown_tiny_task_lists_the_valid_ones(tmp_path):
     result, _ = run_cli(tmp_path, "tiny_task=sqll")
     assert result.returncode == 2 and result.stderr.splitlines() == [
-        "verl_replay: tiny_task=sqll is not a tiny task; use one of: math, sql, search, image, arith"
+        "verl_replay: tiny_task=sqll is not a tiny task; use one of: math, sql, search, image, arith, shapes"
     ]
 
 

@@ -133,9 +133,9 @@ _TINY_TASK_PARTS = {"train": "train", "val": "val", "model": "model_dir", "tools
 def _tiny_asset(name: str) -> Optional[str]:
     """``${tiny_asset:model}`` etc.: path of a tiny local asset, built and cached on first use."""
     task, _, part = name.partition("_")
-    if part == "tools" and task in ("math", "sql", "image", "arith"):
+    if part == "tools" and task in ("math", "sql", "image", "arith", "shapes"):
         return None  # tasks without tools: no tool config (and nothing is built)
-    if task in ("search", "image", "arith") and part in _TINY_TASK_PARTS:
+    if task in ("search", "image", "arith", "shapes") and part in _TINY_TASK_PARTS:
         value = getattr(_tiny_task(task), _TINY_TASK_PARTS[part])
         if value is None:
             raise KeyError(f"tiny asset {name!r}: the {task} task has no {part}")
@@ -232,8 +232,12 @@ def check_verl_config(config: DictConfig) -> None:
         raise StartupError(f"verl refuses the config: {_first_line(error)}") from None
 
 
+# the domain of a tiny task's answers, where the task is not named after it
+_TINY_TASK_DOMAIN = {"shapes": "sql"}
+
+
 def check_archive_task(config: DictConfig, archive: str) -> None:
-    """A tiny run (``tiny_task``) with an archive of the other tiny task: the fix is the task, not a
+    """A tiny run (``tiny_task``) with an archive of the other domain: the fix is the task, not a
     new archive. The archive's manifest records its domain (sql / math)."""
     import json
 
@@ -244,7 +248,7 @@ def check_archive_task(config: DictConfig, archive: str) -> None:
         domain = json.loads(manifest_path(archive).read_text(encoding="utf-8")).get("domain")
     except (OSError, ValueError):
         return  # the archive's own checks report an unreadable manifest
-    if task and domain and domain != task:
+    if task and domain and domain != _TINY_TASK_DOMAIN.get(task, task):
         raise StartupError(
             f"replay.elite.archive: {archive} is a {domain} archive and this run trains tiny_task={task}; "
             f"add tiny_task={domain} (or give an archive built for the {task} task)"

@@ -42,7 +42,7 @@ __all__ = [
     "search_exact_match",
 ]
 
-_SQL_SOURCES = frozenset({"bird", "spider", "ambiqt", "tiny_sql"})
+_SQL_SOURCES = frozenset({"bird", "spider", "ambiqt", "tiny_sql", "tiny_sql_shapes"})
 # Substrings that identify math datasets as they appear in verl data_source fields
 # (e.g. "openai/gsm8k", "lighteval/MATH", "HuggingFaceH4/MATH-500", "math_dapo", "aime24").
 _MATH_MARKERS = ("math", "gsm8k", "aime", "amc", "minerva", "olympiad", "numina", "deepscaler", "dapo")
@@ -198,7 +198,7 @@ def compute_score(
 ) -> dict[str, Any]:
     """verl reward: ``{"score": float, "acc": 0.0/1.0, "reason": str}``.
 
-    SQL sources (name starts with ``sql`` or is one of bird/spider/ambiqt/tiny_sql): the SQL
+    SQL sources (name starts with ``sql`` or is one of bird/spider/ambiqt/tiny_sql/tiny_sql_shapes): the SQL
     is extracted from ``solution_str`` and executed against ``extra_info["db_path"]``;
     ``ground_truth`` is the gold SQL (or a list: correct if any matches; golds in
     ``extra_info["gold_sqls"]`` count too); semantics from

@@ -13,6 +13,7 @@ from verl_replay.compare.plan import (
     arith_profile,
     build_plan,
     paper_profile,
+    shapes_profile,
     tau_from_kl,
     tau_rule,
     tiny_profile,
@@ -109,6 +110,25 @@ def test_arith_profile_runs_the_headroom_drift_comparison_on_the_addition_task(t
     with pytest.raises(ValueError, match="arith profile has no task for elite; it runs headroom_drift"):
         _plan(tmp_path, profile=arith_profile())
     assert all("TINY_TASK" not in r.env for r in _plan(tmp_path).runs)
+
+
+def test_shapes_profile_runs_the_elite_comparison_on_the_query_shapes_task(tmp_path):
+    plan = _plan(tmp_path, comparisons=["elite"], profile=shapes_profile(), seeds=[1, 2])
+    assert [a.name for a in plan.arms("elite")] == ["grpo", "elite_iid", "elite"]
+    assert plan.search is not None and plan.search.env["TINY_TASK"] == "shapes"
+    by_seed = {(r.arm.name, r.seed): r for r in plan.runs}
+    for run in plan.runs:
+        assert run.env["TINY_TASK"] == "shapes" and run.env["TINY"] == "1" and run.env["STAGES"] == "train,eval"
+        assert run.env["TOTAL_STEPS"] == "60" and run.env["TEST_FREQ"] == "10" and run.env["VAL_N"] == "4"
+        assert run.env["TRAIN_PROMPTS"] == "8" and run.env["EVAL_N"] == "16" and run.env["EVAL_K"] == "1,4,16"
+        assert "EVAL_LIMIT" not in run.env  # every held-out question
+    # the arms of a seed differ only in the strategy and its archive: same prompts, same sampler
+    for seed in (1, 2):
+        grpo, elite = by_seed[("grpo", seed)], by_seed[("elite", seed)]
+        assert grpo.argv[2:] == elite.argv[2:] and f"data.seed={seed}" in grpo.argv
+        assert elite.env["ARCHIVE"] == by_seed[("elite_iid", seed)].env["ARCHIVE"] and "ARCHIVE" not in grpo.env
+    with pytest.raises(ValueError, match="shapes profile has no task for headroom_drift; it runs elite"):
+        _plan(tmp_path, profile=shapes_profile())
 
 
 def test_seeds_runs_and_shared_archive(tmp_path):

@@ -121,3 +121,32 @@ def test_the_arith_task_validates_on_its_held_out_problems_with_the_larger_model
     # a different warm start is a different task build, not the cached one
     assert not tt.build_tiny_task("arith", base, warm_start_steps=2).built_now
     assert tt.build_tiny_task("arith", base, warm_start_steps=3).built_now
+
+
+def test_the_shapes_task_holds_its_database_and_validates_on_held_out_questions(base):
+    import sqlite3
+
+    from transformers import AutoConfig
+
+    from verl_replay.data import tiny_shapes
+    from verl_replay.rewards import compute_score
+
+    built = tt.build_tiny_task("shapes", base, warm_start_steps=2)
+    manifest = built.manifest()
+    assert manifest["counts"]["val"] == tiny_shapes.HELD_OUT and manifest["counts"]["train"] > tiny_shapes.HELD_OUT
+    assert manifest["warm_start"]["shape_rates"] == list(tiny_shapes.SHAPE_RATES)
+    assert f"databases/{tiny_shapes.DB_ID}/{tiny_shapes.DB_ID}.sqlite" in manifest["files"]
+    train, val = pd.read_parquet(built.train), pd.read_parquet(built.val)
+    questions = lambda rows: {row[0]["content"] for row in rows["prompt"]}  # noqa: E731
+    assert not questions(train) & questions(val)
+    # the rows name the database where the build was moved to, and every gold query is right there
+    row = val.iloc[0]
+    info = dict(row["extra_info"])
+    assert info["db_path"] == str(built.database) and built.database.is_file()
+    with sqlite3.connect(built.database) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM products").fetchone() == (tiny_shapes.PRODUCTS,)
+    for sql in info["gold_sqls"]:
+        assert compute_score(row["data_source"], sql, row["reward_model"]["ground_truth"], info)["acc"] == 1.0
+    config = AutoConfig.from_pretrained(built.model_dir)
+    assert config.text_config.hidden_size == tt.MODEL_SIZE["shapes"]["hidden_size"]
+    assert not tt.build_tiny_task("shapes", base, warm_start_steps=2).built_now

@@ -3,6 +3,7 @@
     python -m verl_replay.compare                                   # tiny profile, both comparisons, seeds 1,2,3
     python -m verl_replay.compare --comparison headroom_drift --seeds 1,2,3,4,5
     python -m verl_replay.compare --profile arith --jobs 2          # the learnable addition task, 2 runs at once
+    python -m verl_replay.compare --profile shapes --jobs 2         # SQL with several right query shapes (elite)
     python -m verl_replay.compare --profile paper --dry-run         # print every arm's command (GPU cluster)
     DRY_RUN=1 python -m verl_replay.compare --profile paper         # the same
 
@@ -33,6 +34,7 @@ from verl_replay.compare.plan import (
     arith_profile,
     build_plan,
     paper_profile,
+    shapes_profile,
     tau_rule,
     tiny_profile,
 )
@@ -58,13 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--comparison",
         type=_csv,
         default=None,
-        help=f"comma-separated: {', '.join(COMPARISONS)} (default: every one the profile has; arith: headroom_drift)",
+        help=f"comma-separated: {', '.join(COMPARISONS)} "
+        "(default: every one the profile has; arith: headroom_drift; shapes: elite)",
     )
     p.add_argument(
         "--profile",
         choices=PROFILES,
         default="tiny",
         help="tiny: CPU, minutes (default); arith: CPU, the learnable addition task (GRPO learns); "
+        "shapes: CPU, SQL questions with three right query shapes (GRPO vs archive replay); "
         "paper: the recipes' paper-scale settings (GPU cluster)",
     )
     p.add_argument("--seeds", type=_seeds, default=[1, 2, 3], help="comma-separated seeds (default: 1,2,3)")
@@ -133,7 +137,12 @@ def make_plan(args: argparse.Namespace) -> Plan:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.tau is not None and not args.tau > 0:
         raise ValueError(f"--tau must be > 0, got {args.tau}")
-    make_profile = {"tiny": tiny_profile, "arith": arith_profile, "paper": paper_profile}[args.profile]
+    make_profile = {
+        "tiny": tiny_profile,
+        "arith": arith_profile,
+        "shapes": shapes_profile,
+        "paper": paper_profile,
+    }[args.profile]
     profile = make_profile(args.steps, args.test_freq, args.val_n)
     out = Path(args.out or f"outputs/compare_{args.profile}")
     return build_plan(

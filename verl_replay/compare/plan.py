@@ -24,13 +24,14 @@ __all__ = [
     "RunSpec",
     "Profile",
     "arith_profile",
+    "shapes_profile",
     "build_plan",
     "tau_from_kl",
     "tau_rule",
 ]
 
 COMPARISONS = ("headroom_drift", "elite")
-PROFILES = ("tiny", "arith", "paper")
+PROFILES = ("tiny", "arith", "shapes", "paper")
 
 # The paper's moderate gate: replay KL of the accepted groups near 0.002 (docs/headroom_drift.md).
 TARGET_REPLAY_KL = 0.002
@@ -139,6 +140,33 @@ def arith_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, 
         # the warm start's held-out sampled accuracy: the control sees the reward rate a real
         # run starts from, but rewards that say nothing about the answer
         control_rate=0.43,
+    )
+
+
+def shapes_profile(
+    steps: Optional[int] = None, test_freq: Optional[int] = None, val_n: Optional[int] = None
+) -> Profile:
+    """The tiny query-shapes profile (recipes/README.md): SQL questions with three right query shapes,
+    on which the base model is less reliable in its rare shapes, for GRPO vs archive replay. 8
+    questions x 8 responses a global step like the addition profile; the evaluation draws 16
+    answers per held-out question (pass@1/4/16, distinct right shapes)."""
+    steps, test_freq = steps or 60, test_freq or 10
+    return Profile(
+        name="shapes",
+        tiny=True,
+        steps={"elite": steps},
+        test_freq={"elite": test_freq},
+        val_n=val_n or 4,
+        group_size=8,
+        prompts=8,
+        mini_prompts=4,
+        k_rep=4,
+        eval_n=16,
+        eval_k="1,4,16",
+        eval_limit=None,
+        math_eval=False,
+        tiny_task="shapes",
+        comparisons=("elite",),
     )
 
 

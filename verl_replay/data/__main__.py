@@ -16,7 +16,7 @@ prints what was written. Examples::
     python -m verl_replay.data prepare geo3k  --input ~/data/geometry3k/data --output data/
     python -m verl_replay.data prepare tiny   --output ~/.cache/verl_replay/tiny-v1
     python -m verl_replay.data prepare tiny-search        # the tiny tasks, next to the cached tiny assets
-    python -m verl_replay.data prepare tiny-arith         # (tiny-search, tiny-image, tiny-arith)
+    python -m verl_replay.data prepare tiny-arith         # (tiny-search, tiny-image, tiny-arith, tiny-shapes)
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from verl_replay.data import prepare as prep
 
-TINY_TASKS = ("tiny-search", "tiny-image", "tiny-arith")
+TINY_TASKS = ("tiny-search", "tiny-image", "tiny-arith", "tiny-shapes")
 DATASETS = ("bird", "spider", "ambiqt", "math", "search", "geo3k", "tiny", *TINY_TASKS)
 
 

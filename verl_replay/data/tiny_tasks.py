@@ -18,6 +18,10 @@ manifest).
   which GRPO is meant to learn within minutes: a larger model (hidden 128, intermediate 384, three
   layers) warm-started on a noisy teacher, so that sampled answers are right far less often than
   greedy ones; 256 held-out problems are the validation set.
+- ``shapes``: text-to-SQL questions over one real SQLite table, each answerable by three query
+  shapes that the archive's descriptor tells apart (:mod:`verl_replay.data.tiny_shapes`); the
+  arith model's size, warm-started on a teacher that writes the shapes at unequal rates and copies
+  the question's threshold less reliably in the rare ones; 128 held-out questions.
 
 Layout of a task folder (``<tiny root>-<task>-t<version>``)::
 
@@ -25,6 +29,7 @@ Layout of a task folder (``<tiny root>-<task>-t<version>``)::
     train.parquet    verl RL rows (search rows name agent_name=tool_agent)
     val.parquet
     corpus.jsonl     search: the documents (Search-R1's {"id", "contents"} lines)
+    databases/       shapes: <db_id>/<db_id>.sqlite, the database the rows' db_path names
     tools.yaml       search: verl's tool config for LocalSearchTool over corpus.jsonl
     MANIFEST.json    written last: version, task, base tokenizer hash, sha256 of every file
 """
@@ -42,6 +47,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from verl_replay.data import tiny_shapes
 from verl_replay.data.tiny_arith import OPERANDS, TEACHER_NOISE, Problem, arith_problems, arith_rows, warm_start_batches
 from verl_replay.data.tiny_assets import (
     IM_END,
@@ -65,14 +71,14 @@ from verl_replay.data.tiny_assets import (
 )
 
 TASK_FORMAT_VERSION = 1
-TASKS = ("search", "image", "arith")
+TASKS = ("search", "image", "arith", "shapes")
 TINY_SEARCH_SOURCE = "tiny_search"
 TINY_IMAGE_SOURCE = "tiny_image_math"  # "math" in the name: verl_replay.rewards scores it as math
 # search starts from a random model (the hermes tool call is new to every tiny model); image from the
 # tiny math model, which answers \boxed{N} already: a few steps put its vision tower in the loop.
-WARM_START_STEPS = {"search": 200, "image": 40, "arith": 1000}
-WARM_START_BATCH = {"search": 16, "image": 16, "arith": 64}
-WARM_START_LR = {"search": 3e-3, "image": 3e-3, "arith": 1e-3}
+WARM_START_STEPS = {"search": 200, "image": 40, "arith": 1000, "shapes": 600}
+WARM_START_BATCH = {"search": 16, "image": 16, "arith": 64, "shapes": 64}
+WARM_START_LR = {"search": 3e-3, "image": 3e-3, "arith": 1e-3, "shapes": 1e-3}
 # Addition with carries needs more than the hidden-64 model of the other tasks: aligned digits are
 # found by position (rope base 1e4 for a 20-token sequence, not the real model's 1e7) and, measured
 # on 1,500 noisy-teacher steps of three-digit sums, a third layer (two full-attention layers after
@@ -86,6 +92,8 @@ MODEL_SIZE = {
         "rope_theta": 10_000.0,
     }
 }
+# shapes copies a threshold from the question into one of three query shapes: the arith shape
+MODEL_SIZE["shapes"] = MODEL_SIZE["arith"]
 SEARCH_TOOL_NAME = "search"
 SEARCH_INSTRUCTION = "Use the search tool to look it up, then answer as \\boxed{N}."
 IMAGE_SIZE = 64
@@ -103,6 +111,7 @@ class TinyTask:
     val: Path
     corpus: Path | None = None  # search
     tool_config: Path | None = None  # search
+    database: Path | None = None  # shapes
     built_now: bool = False
 
     def manifest(self) -> dict[str, Any]:
@@ -123,6 +132,7 @@ def _task_at(root: Path, task: str) -> TinyTask:
         val=root / "val.parquet",
         corpus=root / "corpus.jsonl" if search else None,
         tool_config=root / "tools.yaml" if search else None,
+        database=root / "databases" / tiny_shapes.DB_ID / f"{tiny_shapes.DB_ID}.sqlite" if task == "shapes" else None,
     )
 
 
@@ -316,13 +326,8 @@ def _image_batches(hf_tok: Any, image_processor: Any, examples: Sequence[tuple[b
 
 def _arith_batches(hf_tok: Any, held_out: Sequence[Problem], seed: int, steps: int) -> Iterator[dict[str, Any]]:
     """The noisy teacher's batches, each prompt in the chat template the rollout applies."""
-
-    def encode_prompt(question: str) -> list[int]:
-        messages = [{"role": "user", "content": question}]
-        return list(hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
-
     return warm_start_batches(
-        encode_prompt,
+        _encode_user_prompt(hf_tok),
         lambda text: hf_tok.encode(text, add_special_tokens=False),
         eos_id=hf_tok.eos_token_id,
         pad_id=hf_tok.pad_token_id,
@@ -330,6 +335,30 @@ def _arith_batches(hf_tok: Any, held_out: Sequence[Problem], seed: int, steps: i
         seed=seed,
         steps=steps,
         batch_size=WARM_START_BATCH["arith"],
+    )
+
+
+def _encode_user_prompt(hf_tok: Any) -> Any:
+    def encode_prompt(question: str) -> list[int]:
+        messages = [{"role": "user", "content": question}]
+        return list(hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+    return encode_prompt
+
+
+def _shapes_batches(
+    hf_tok: Any, questions: Sequence[tiny_shapes.ShapesQuestion], seed: int, steps: int
+) -> Iterator[dict[str, Any]]:
+    """The shapes teacher's batches over the training questions, prompts as the rollout sees them."""
+    return tiny_shapes.warm_start_batches(
+        questions,
+        _encode_user_prompt(hf_tok),
+        lambda text: hf_tok.encode(text, add_special_tokens=False),
+        eos_id=hf_tok.eos_token_id,
+        pad_id=hf_tok.pad_token_id,
+        seed=seed,
+        steps=steps,
+        batch_size=WARM_START_BATCH["shapes"],
     )
 
 
@@ -369,6 +398,8 @@ def _train_model(model_dir: Path, base: TinyAssets, task: str, payload: Any, see
             batches = _text_batches(search_trajectories(hf_tok, payload), pad_id, seed, steps)
         elif task == "arith":
             batches = _arith_batches(hf_tok, payload, seed, steps)
+        elif task == "shapes":
+            batches = _shapes_batches(hf_tok, payload, seed, steps)
         else:
             from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -408,6 +439,13 @@ def _build_into(tmp: Path, final: TinyTask, base: TinyAssets, task: str, seed: i
     elif task == "arith":
         problems, held_out = arith_problems(seed)
         train, val, payload = arith_rows(problems, "train"), arith_rows(held_out, "val"), held_out
+    elif task == "shapes":
+        tiny_shapes.write_database(staged.database, tiny_shapes.product_rows(seed))
+        questions, held_out = tiny_shapes.shapes_questions(staged.database, seed)
+        # the rows name the database where the build is moved to, as the tiny SQL rows do
+        train = tiny_shapes.shapes_rows(questions, final.database, "train")
+        val = tiny_shapes.shapes_rows(held_out, final.database, "val")
+        payload = questions
     else:
         examples = image_examples(seed)
         train, val, payload = image_rows(examples, "train"), image_rows(examples[:4], "val"), examples
@@ -427,13 +465,16 @@ def _identity(base: TinyAssets, task: str, seed: int, steps: int) -> dict[str, A
     }
     if task == "image":  # warm-started from the math model's weights
         identity["base_model"] = _sha256(base.model_dir / "model.safetensors")
-    if task == "arith":  # its warm start is what makes it learnable: a change of any of it rebuilds
-        warm_start = {
-            "batch": WARM_START_BATCH[task],
-            "lr": WARM_START_LR[task],
-            "teacher_noise": TEACHER_NOISE,
-            "operands": [OPERANDS.start, OPERANDS.stop],
-        }
+    if task in ("arith", "shapes"):  # the warm start makes them what they are: a change of any of it rebuilds
+        warm_start: dict[str, Any] = {"batch": WARM_START_BATCH[task], "lr": WARM_START_LR[task]}
+        if task == "arith":
+            warm_start.update(teacher_noise=TEACHER_NOISE, operands=[OPERANDS.start, OPERANDS.stop])
+        else:
+            warm_start.update(
+                products=tiny_shapes.PRODUCTS,
+                shape_rates=list(tiny_shapes.SHAPE_RATES),
+                shape_noise=list(tiny_shapes.SHAPE_NOISE),
+            )
         # as the manifest stores it (JSON: tuples read back as lists), so a cached build compares equal
         identity["warm_start"] = json.loads(json.dumps({**warm_start, **MODEL_SIZE[task]}))
     return identity
