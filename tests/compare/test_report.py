@@ -108,3 +108,35 @@ def test_gain_over_start_is_final_minus_the_evaluation_before_training():
     table = format_table(comp)
     low, high = 100 * (0.4 - 4.303 * se), 100 * (0.4 + 4.303 * se)
     assert f"- GRPO b16: +40.0 [{low:+.1f}, {high:+.1f}] (3 seeds), 6.9 SE" in table
+
+
+def test_elite_arms_are_paired_with_grpo_on_the_evaluation_too():
+    # per seed: pass@1 diffs 0.10, 0.20, 0.30 (mean 0.2, sd 0.1); strategies diffs 0.5, 0.7, 0.9 (sd 0.2)
+    def ev(p1, p16, strategies):
+        return {"pass@1": p1, "pass@16": p16, "distinct_strategies": strategies}
+
+    grpo = {s: _result(0.5, 0.6, [0.4, 0.5], ev=ev(0.5, 0.9, 1.0)) for s in (1, 2, 3)}
+    elite = {
+        1: _result(0.5, 0.6, [0.4, 0.5], ev=ev(0.6, 0.9, 1.5)),
+        2: _result(0.5, 0.6, [0.4, 0.5], ev=ev(0.7, 0.95, 1.7)),
+        3: _result(0.5, 0.6, [0.4, 0.5], ev=ev(0.8, 1.0, 1.9)),
+    }
+    arms = [{"name": "grpo", "label": "GRPO"}, {"name": "elite", "label": "EliteReplay"}]
+    comp = aggregate("elite", arms, {"grpo": grpo, "elite": elite})
+    paired = comp["arms"][1]["paired"]
+    half = 4.303 * 0.1 / math.sqrt(3)
+    assert paired["eval:pass@1"]["mean"] == pytest.approx(0.2) and paired["eval:pass@1"]["high"] == pytest.approx(
+        0.2 + half
+    )
+    assert paired["eval:pass@16"]["mean"] == pytest.approx(0.05)
+    assert paired["eval:distinct_strategies"]["mean"] == pytest.approx(0.7)
+    assert paired["eval:distinct_strategies"]["low"] == pytest.approx(0.7 - 2 * half)
+    table = format_table(comp)
+    assert (
+        f"- EliteReplay: pass@1 +20.0 [{100 * (0.2 - half):+.1f}, {100 * (0.2 + half):+.1f}] (3 seeds); "
+        f"pass@16 +5.0 " in table
+    )
+    assert f"distinct correct strategies +0.70 [{0.7 - 2 * half:+.2f}, {0.7 + 2 * half:+.2f}] (3 seeds)" in table
+    # the Headroom-Drift comparison has no evaluation stage to pair on
+    hd = aggregate("headroom_drift", ARMS, {"grpo_matched": grpo, "headroom_drift": elite})
+    assert "eval:pass@1" not in hd["arms"][1]["paired"] and "last checkpoint" not in format_table(hd)

@@ -119,15 +119,29 @@ PAIRED_MEASURES = (
 )
 
 
+def eval_measures(kmax: Optional[int]) -> tuple[tuple[str, str, str], ...]:
+    """(key, title, kind) of the last checkpoint's evaluation measures the elite arms are paired on."""
+    if kmax is None:
+        return ()
+    return (
+        ("eval:pass@1", "pass@1", "pct"),
+        (f"eval:pass@{kmax}", f"pass@{kmax}", "pct"),
+        ("eval:distinct_strategies", "distinct correct strategies", "num"),
+    )
+
+
 def paired_vs_reference(
-    arm_runs: Mapping[int, Mapping[str, Any]], ref_runs: Mapping[int, Mapping[str, Any]]
+    arm_runs: Mapping[int, Mapping[str, Any]],
+    ref_runs: Mapping[int, Mapping[str, Any]],
+    extra_keys: Sequence[str] = (),
 ) -> dict[str, dict[str, Any]]:
-    """Per measure, ``arm - reference`` paired by seed (``paired_difference``)."""
+    """Per measure (validation Mean@n final and over all evaluations, then ``extra_keys``),
+    ``arm - reference`` paired by seed (``paired_difference``)."""
     out = {
         key: paired_difference(
             {s: _value(r, key) for s, r in arm_runs.items()}, {s: _value(r, key) for s, r in ref_runs.items()}
         )
-        for key in ("final_mean", "auc_mean")
+        for key in ("final_mean", "auc_mean", *extra_keys)
     }
     at_budget = {}
     for seed, result in arm_runs.items():
@@ -190,8 +204,9 @@ def aggregate(
     if out_arms:
         ref = out_arms[0]
         ref_runs = runs.get(ref["name"], {})
+        extra = [key for key, _, _ in eval_measures(kmax)] if comparison == "elite" else []
         for arm in out_arms[1:]:
-            arm["paired"] = paired_vs_reference(runs.get(arm["name"], {}), ref_runs)
+            arm["paired"] = paired_vs_reference(runs.get(arm["name"], {}), ref_runs, extra)
         for arm in out_arms:
             arm["vs_reference"] = {
                 key: noise_verdict(arm["summary"][key], ref["summary"][key])
@@ -300,15 +315,28 @@ def format_table(comp: Mapping[str, Any]) -> str:
         for arm in comp["arms"][1:]:
             parts = [f"{title} {_fmt_paired(arm.get('paired', {}).get(key, {}))}" for key, title in PAIRED_MEASURES]
             lines.append(f"- {arm['label']}: " + "; ".join(parts))
+        measures = eval_measures(kmax) if comp["comparison"] == "elite" else ()
+        if measures:
+            lines.append("")
+            lines.append(
+                f"Paired by seed, the last checkpoint's evaluation (arm - {ref['label']}; pass@k in points, "
+                "strategies per question), mean [95% t interval] over the seeds both finished:"
+            )
+            for arm in comp["arms"][1:]:
+                paired = arm.get("paired", {})
+                parts = [f"{title} {_fmt_paired(paired.get(key, {}), kind)}" for key, title, kind in measures]
+                lines.append(f"- {arm['label']}: " + "; ".join(parts))
     return "\n".join(lines) + "\n"
 
 
-def _fmt_paired(diff: Mapping[str, Any]) -> str:
+def _fmt_paired(diff: Mapping[str, Any], kind: str = "pct") -> str:
+    """A paired difference: points for a rate (``pct``), the value itself for a count (``num``)."""
     if diff.get("mean") is None:
         return "–"
-    text = f"{100.0 * diff['mean']:+.1f}"
+    scale, spec = (100.0, "+.1f") if kind == "pct" else (1.0, "+.2f")
+    text = format(scale * diff["mean"], spec)
     if diff.get("low") is not None:
-        text += f" [{100.0 * diff['low']:+.1f}, {100.0 * diff['high']:+.1f}]"
+        text += f" [{format(scale * diff['low'], spec)}, {format(scale * diff['high'], spec)}]"
     return text + f" ({diff['n']} seeds)"
 
 
