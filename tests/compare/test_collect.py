@@ -148,3 +148,16 @@ def test_errors_name_the_file(tmp_path):
     (run / "metrics.jsonl").write_text("{not json}\n")
     with pytest.raises(RunResultError, match=r"metrics.jsonl:1"):
         collect_run(run)
+
+
+def test_a_resumed_run_is_read_over_all_its_metrics_segments(tmp_path):
+    # what a run resumed twice leaves: metrics.1.jsonl (first segment), metrics.2.jsonl, metrics.jsonl
+    step = {"timing_s/step": 1.0}
+    run = _write_run(tmp_path, [(3, {**step, **_val(0.7, 0.9)})])
+    segment = lambda lines: "".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in lines)  # noqa: E731
+    (run / "metrics.1.jsonl").write_text(segment([(0, _val(0.1, 0.2)), (1, step), (2, {**step, **_val(0.3, 0.4)})]))
+    (run / "metrics.2.jsonl").write_text(segment([(2, {**step, **_val(0.5, 0.6)})]))  # step 2 redone
+    (run / "metrics.old.jsonl").write_text("not a segment\n")  # only numbered segments are read
+    r = collect_run(run)
+    assert [(p["step"], p["mean"]) for p in r["val_curve"]] == [(0, 0.1), (2, 0.5), (3, 0.7)]
+    assert r["final_mean"] == pytest.approx(0.7)

@@ -42,6 +42,19 @@ def test_records_failures_and_skips_finished_runs(tmp_path):
     assert "done earlier" in lines[0] and again[bad.key]["returncode"] == 3  # only the failed one re-ran
 
 
+def test_a_run_another_command_finished_meanwhile_is_not_run_again(tmp_path):
+    # two commands on one output folder: the first planned this run before the second finished it
+    first = _spec(tmp_path, "first", "print('first ran')")
+    taken = _spec(tmp_path, "taken", "print('ran again')")
+    finisher = f"import json, pathlib; p = pathlib.Path({str(taken.run_dir)!r}); p.mkdir(parents=True); "
+    finisher += f"(p / {DONE_FILE!r}).write_text(json.dumps({{'returncode': 0, 'wall_s': 7.0}}))"
+    first = RunSpec(first.arm, 1, first.run_dir, first.log_path, first.env, [sys.executable, "-c", finisher])
+    lines: list[str] = []
+    records = run_plan(_plan(tmp_path, [first, taken]), say=lines.append)
+    assert records[taken.key]["wall_s"] == 7.0 and not taken.log_path.exists()
+    assert any(f"{taken.key}: done meanwhile (7s)" in line for line in lines)
+
+
 def test_time_budget_stops_starting_runs(tmp_path):
     runs = [_spec(tmp_path, f"r{i}", "import time; time.sleep(0.4)") for i in range(3)]
     lines: list[str] = []

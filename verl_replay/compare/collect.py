@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from verl_replay.compare.paired import curve_auc
 
-__all__ = ["RunResultError", "read_metrics", "val_curve", "collect_run"]
+__all__ = ["RunResultError", "read_metrics", "read_run_metrics", "val_curve", "collect_run"]
 
 _MEAN = re.compile(r"^val-core/(?P<src>.+)/(?:acc|reward)/mean@(?P<n>\d+)$")
 _BEST = re.compile(r"^val-core/(?P<src>.+)/(?:acc|reward)/best@(?P<n>\d+)/mean$")
@@ -52,6 +52,23 @@ def read_metrics(path: Path) -> list[tuple[int, dict[str, Any]]]:
         if not isinstance(data, dict):
             raise RunResultError(f"{path}:{number}: 'data' is not an object")
         by_step[step] = data
+    return sorted(by_step.items())
+
+
+def read_run_metrics(run_dir: Path) -> list[tuple[int, dict[str, Any]]]:
+    """A run's metrics over all its segments: a resumed run moved each earlier ``metrics.jsonl``
+    aside to ``metrics.<k>.jsonl`` (k = 1, 2, ... in order); they are read first, and a later
+    segment's line for a step replaces an earlier one's (the resumed run redid that step)."""
+    run_dir = Path(run_dir)
+    kept = []
+    for path in run_dir.glob("metrics.*.jsonl"):
+        index = path.name[len("metrics.") : -len(".jsonl")]
+        if index.isdigit():
+            kept.append((int(index), path))
+    by_step: dict[int, dict[str, Any]] = {}
+    for _, path in sorted(kept):
+        by_step.update(read_metrics(path))
+    by_step.update(read_metrics(run_dir / "metrics.jsonl"))
     return sorted(by_step.items())
 
 
@@ -132,7 +149,7 @@ def _eval_metrics(run_dir: Path) -> Optional[dict[str, float]]:
 def collect_run(run_dir: Path, expected_steps: Optional[int] = None) -> dict[str, Any]:
     """The numbers the comparison reports for one finished run."""
     run_dir = Path(run_dir)
-    metrics = read_metrics(run_dir / "metrics.jsonl")
+    metrics = read_run_metrics(run_dir)
     train_steps = [step for step, data in metrics if step >= 1 and "timing_s/step" in data]
     if not train_steps:
         raise RunResultError(f"{run_dir}/metrics.jsonl: no training step recorded")

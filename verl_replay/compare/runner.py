@@ -110,6 +110,11 @@ def run_plan(
         while queue or running:
             while queue and len(running) < jobs:
                 index, spec = queue.popleft()
+                done = read_done(spec.run_dir)
+                if done is not None:  # finished meanwhile by another command on the same folder
+                    say(f"[compare] {index}/{total} {spec.key}: done meanwhile ({done['wall_s']:.0f}s)")
+                    records[spec.key] = done
+                    continue
                 if time_budget_s is not None and walls:
                     expected = time.monotonic() - start + sum(walls) / len(walls)
                     if expected > time_budget_s:
