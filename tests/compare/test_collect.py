@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from verl_replay.compare.collect import RunResultError, collect_run, read_metrics, val_curve
+from verl_replay.compare.collect import RunResultError, collect_run, read_metrics, read_run_metrics, val_curve
 
 
 def _write_run(tmp_path, lines, *, prompts=4, n=4, eval_doc=None):
@@ -153,11 +153,14 @@ def test_errors_name_the_file(tmp_path):
 def test_a_resumed_run_is_read_over_all_its_metrics_segments(tmp_path):
     # what a run resumed twice leaves: metrics.1.jsonl (first segment), metrics.2.jsonl, metrics.jsonl
     step = {"timing_s/step": 1.0}
-    run = _write_run(tmp_path, [(3, {**step, **_val(0.7, 0.9)})])
+    # the last segment resumed from step 2's checkpoint: it validated at step 2 again, then trained step 3
+    run = _write_run(tmp_path, [(2, _val(0.5, 0.6)), (3, {**step, **_val(0.7, 0.9)})])
     segment = lambda lines: "".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in lines)  # noqa: E731
     (run / "metrics.1.jsonl").write_text(segment([(0, _val(0.1, 0.2)), (1, step), (2, {**step, **_val(0.3, 0.4)})]))
-    (run / "metrics.2.jsonl").write_text(segment([(2, {**step, **_val(0.5, 0.6)})]))  # step 2 redone
+    (run / "metrics.2.jsonl").write_text(segment([(2, {**step, **_val(0.45, 0.6)})]))  # step 2 redone
     (run / "metrics.old.jsonl").write_text("not a segment\n")  # only numbered segments are read
     r = collect_run(run)
     assert [(p["step"], p["mean"]) for p in r["val_curve"]] == [(0, 0.1), (2, 0.5), (3, 0.7)]
     assert r["final_mean"] == pytest.approx(0.7)
+    # step 2 keeps its training metrics from the segment that trained it
+    assert r["steps"] == 3 and dict(read_run_metrics(run))[2]["timing_s/step"] == 1.0

@@ -57,8 +57,9 @@ def read_metrics(path: Path) -> list[tuple[int, dict[str, Any]]]:
 
 def read_run_metrics(run_dir: Path) -> list[tuple[int, dict[str, Any]]]:
     """A run's metrics over all its segments: a resumed run moved each earlier ``metrics.jsonl``
-    aside to ``metrics.<k>.jsonl`` (k = 1, 2, ... in order); they are read first, and a later
-    segment's line for a step replaces an earlier one's (the resumed run redid that step)."""
+    aside to ``metrics.<k>.jsonl`` (k = 1, 2, ... in order); they are read first. A later
+    segment's metrics for a step override an earlier one's key by key: a run resumed from the
+    checkpoint of step k validates again at step k, a line without that step's training metrics."""
     run_dir = Path(run_dir)
     kept = []
     for path in run_dir.glob("metrics.*.jsonl"):
@@ -66,9 +67,9 @@ def read_run_metrics(run_dir: Path) -> list[tuple[int, dict[str, Any]]]:
         if index.isdigit():
             kept.append((int(index), path))
     by_step: dict[int, dict[str, Any]] = {}
-    for _, path in sorted(kept):
-        by_step.update(read_metrics(path))
-    by_step.update(read_metrics(run_dir / "metrics.jsonl"))
+    for path in [path for _, path in sorted(kept)] + [run_dir / "metrics.jsonl"]:
+        for step, data in read_metrics(path):
+            by_step.setdefault(step, {}).update(data)
     return sorted(by_step.items())
 
 
