@@ -181,6 +181,15 @@ for name in ("model_dir", "sql_model_dir", "math_train", "math_val", "sql_train"
   eval "$assignments"
 }
 
+# tiny_output_dir NAME: OUTPUT_DIR, when unset, becomes a folder of its own under ./outputs for this
+# TINY run (outputs/NAME-<date>-XXXX; the run dir is printed at the end).
+tiny_output_dir() {
+  if [[ -z "${OUTPUT_DIR:-}" ]]; then
+    mkdir -p "$PWD/outputs"
+    OUTPUT_DIR="$(mktemp -d "$PWD/outputs/$1-$(date +%Y%m%d-%H%M%S)-XXXX")"
+  fi
+}
+
 # load_tiny_task TASK: set TINY_TASK_MODEL_DIR, TINY_TASK_TRAIN, TINY_TASK_VAL (and, for search,
 # TINY_TASK_TOOL_CONFIG) to the tiny TASK (search | image) of verl_replay.data.tiny_tasks, built and
 # cached on first use next to the tiny assets (the same ones platform=cpu_tiny tiny_task=TASK uses).

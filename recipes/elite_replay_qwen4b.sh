@@ -43,21 +43,14 @@ if is_tiny_shapes; then
   : "${TRAIN_FILES:=$TINY_TASK_TRAIN}"
   : "${VAL_FILES:=$TINY_TASK_VAL}"
   : "${EVAL_FILES:=$TINY_TASK_VAL}"
-  if [[ -z "${OUTPUT_DIR:-}" ]]; then
-    mkdir -p "$PWD/outputs"
-    OUTPUT_DIR="$(mktemp -d "$PWD/outputs/tiny_elite_shapes-$(date +%Y%m%d-%H%M%S)-XXXX")"
-  fi
+  tiny_output_dir "tiny_elite_shapes"
 elif is_true "$TINY"; then
   load_tiny_assets
   : "${MODEL_PATH:=$TINY_SQL_MODEL_DIR}"
   : "${TRAIN_FILES:=$TINY_SQL_TRAIN}"
   : "${VAL_FILES:=$TINY_SQL_VAL}"
   : "${EVAL_FILES:=$TINY_SQL_VAL}"
-  # a folder of its own under ./outputs for every TINY run (its run dir is printed at the end)
-  if [[ -z "${OUTPUT_DIR:-}" ]]; then
-    mkdir -p "$PWD/outputs"
-    OUTPUT_DIR="$(mktemp -d "$PWD/outputs/tiny_elite-$(date +%Y%m%d-%H%M%S)-XXXX")"
-  fi
+  tiny_output_dir "tiny_elite"
 else
   : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
   : "${DATA_DIR:=$HOME/data/verl_replay}"

@@ -58,22 +58,14 @@ if is_true "$TINY" && [[ "$TINY_TASK" != math ]]; then
   : "${VAL_FILES:=$TINY_TASK_VAL}"
   : "${EVAL_FILES:=}"
   : "${TOOL_CONFIG:=$TINY_TASK_TOOL_CONFIG}"
-  # a folder of its own under ./outputs for every TINY run (its run dir is printed at the end)
-  if [[ -z "${OUTPUT_DIR:-}" ]]; then
-    mkdir -p "$PWD/outputs"
-    OUTPUT_DIR="$(mktemp -d "$PWD/outputs/tiny_hd_${TINY_TASK/image/multimodal}-$(date +%Y%m%d-%H%M%S)-XXXX")"
-  fi
+  tiny_output_dir "tiny_hd_${TINY_TASK/image/multimodal}"
 elif is_true "$TINY"; then
   load_tiny_assets
   : "${MODEL_PATH:=$TINY_MODEL_DIR}"
   : "${TRAIN_FILES:=$TINY_MATH_TRAIN}"
   : "${VAL_FILES:=$TINY_MATH_VAL}"
   : "${EVAL_FILES:=$TINY_MATH_VAL}"
-  # a folder of its own under ./outputs for every TINY run (its run dir is printed at the end)
-  if [[ -z "${OUTPUT_DIR:-}" ]]; then
-    mkdir -p "$PWD/outputs"
-    OUTPUT_DIR="$(mktemp -d "$PWD/outputs/tiny_hd-$(date +%Y%m%d-%H%M%S)-XXXX")"
-  fi
+  tiny_output_dir "tiny_hd"
 elif [[ "$DOMAIN" == search ]]; then
   : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
   : "${DATA_DIR:=$HOME/data/verl_replay}"

@@ -91,6 +91,22 @@ def teacher_problems(held_out: Sequence[Problem], rng: random.Random) -> Iterato
             yield problem
 
 
+def answer_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, Any]:
+    """One supervised batch of ``(prompt ids, answer ids)`` rows, right-padded, the loss on the answer."""
+    import torch
+
+    width = max(len(prompt) + len(answer) for prompt, answer in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, W]
+    attention_mask = torch.zeros_like(input_ids)  # [B, W]
+    labels = torch.full_like(input_ids, -100)  # [B, W]
+    for row, (prompt, answer) in enumerate(rows):
+        end = len(prompt) + len(answer)
+        input_ids[row, :end] = torch.tensor(prompt + answer)
+        attention_mask[row, :end] = 1
+        labels[row, len(prompt) : end] = torch.tensor(answer)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
 def warm_start_batches(
     encode_prompt: Callable[[str], list[int]],
     encode_answer: Callable[[str], list[int]],
@@ -108,8 +124,6 @@ def warm_start_batches(
     ``encode_prompt`` maps a question to the token ids of the whole prompt as the rollout sees it
     (the chat template with the generation prompt); ``encode_answer`` maps answer text to ids.
     """
-    import torch
-
     rng = random.Random(f"tiny-arith-teacher-{seed}")
     problems = teacher_problems(held_out, rng)
     for _ in range(steps):
@@ -118,13 +132,4 @@ def warm_start_batches(
             problem = next(problems)
             answer = encode_answer(noisy_answer(problem, rng, noise)) + [eos_id]
             rows.append((encode_prompt(arith_question(problem)), answer))
-        width = max(len(prompt) + len(answer) for prompt, answer in rows)
-        input_ids = torch.full((batch_size, width), pad_id, dtype=torch.long)  # [B, W]
-        attention_mask = torch.zeros_like(input_ids)  # [B, W]
-        labels = torch.full_like(input_ids, -100)  # [B, W]
-        for row, (prompt, answer) in enumerate(rows):
-            end = len(prompt) + len(answer)
-            input_ids[row, :end] = torch.tensor(prompt + answer)
-            attention_mask[row, :end] = 1
-            labels[row, len(prompt) : end] = torch.tensor(answer)
-        yield {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        yield answer_batch(rows, pad_id)

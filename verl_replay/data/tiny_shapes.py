@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_replay.data.schema import connect_readonly
+from verl_replay.data.tiny_arith import answer_batch
 
 TINY_SHAPES_SOURCE = "tiny_sql_shapes"
 DB_ID = "stock"
@@ -212,8 +213,6 @@ def warm_start_batches(
 ) -> Iterator[dict[str, Any]]:
     """``steps`` supervised batches of prompt + teacher query + eos over ``questions`` (the training
     questions only), the loss on the query and eos."""
-    import torch
-
     rng = random.Random(f"tiny-shapes-teacher-{seed}")
     prompts = {question: encode_prompt(question.text) for question in questions}
     for _ in range(steps):
@@ -222,13 +221,4 @@ def warm_start_batches(
             question = rng.choice(questions)
             answer = encode_answer(teacher_answer(question, rng)[1]) + [eos_id]
             rows.append((prompts[question], answer))
-        width = max(len(prompt) + len(answer) for prompt, answer in rows)
-        input_ids = torch.full((batch_size, width), pad_id, dtype=torch.long)  # [B, W]
-        attention_mask = torch.zeros_like(input_ids)  # [B, W]
-        labels = torch.full_like(input_ids, -100)  # [B, W]
-        for row, (prompt, answer) in enumerate(rows):
-            end = len(prompt) + len(answer)
-            input_ids[row, :end] = torch.tensor(prompt + answer)
-            attention_mask[row, :end] = 1
-            labels[row, len(prompt) : end] = torch.tensor(answer)
-        yield {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        yield answer_batch(rows, pad_id)
