@@ -415,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         )
     print(
         "scanned = groups scanned per step; scored = groups given to the scorer (chunks hold "
-        "no more than the acceptances still needed)"
+        "about the acceptances still needed over the recent acceptance rate)"
     )
     if rss_size:
         m = measure_rss(rss_size, args.vocab)

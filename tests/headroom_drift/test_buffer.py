@@ -26,7 +26,8 @@ from verl_replay.headroom_drift.scores import (
     replay_kl_flat,
 )
 
-TIMING_KEYS = {"select_seconds", "scan_forward_seconds"}
+# what depends on timing or on the chunk sizes, not on the decisions
+CHUNK_DEPENDENT_KEYS = {"select_seconds", "scan_forward_seconds", "scan_unused_groups"}
 
 
 # ----------------------------------------------------------------------------- reference
@@ -114,8 +115,8 @@ def ref_one_scorer(synth, step):
     return one
 
 
-def _stats_wo_timing(res: SelectionResult) -> dict:
-    return {k: v for k, v in res.stats.items() if k not in TIMING_KEYS}
+def _decision_stats(res: SelectionResult) -> dict:
+    return {k: v for k, v in res.stats.items() if k not in CHUNK_DEPENDENT_KEYS}
 
 
 def _caches(buf) -> dict[int, float]:
@@ -434,8 +435,11 @@ def test_selection_hand_example_gate_and_refresh():
     assert s["replay_kl_accepted/mean"] == pytest.approx(math.expm1(0.1) - 0.1, rel=1e-4)
     assert s["age_accepted/mean"] == 1.0 and s["age_accepted/max"] == 1.0
     assert s["replay_tokens"] == 4.0
-    # K_rep = 1: each chunk asks for the one acceptance still needed, so g_lo is never scored
-    assert (res.scored_groups, res.scorer_calls, res.chunk_groups) == (2, 2, (1, 1))
+    # K_rep = 1 and no evidence yet: the first chunk is the one acceptance needed; after one
+    # rejection the acceptance estimate is (0 + 1) / (1 + 1), so the next chunk is 1 / (1/2) = 2
+    # groups: g_lo is forwarded but the scan stops before it (no record, its cache unchanged)
+    assert (res.scored_groups, res.scorer_calls, res.chunk_groups) == (3, 2, (1, 2))
+    assert s["scan_unused_groups"] == 1.0
     # next step: ranking uses the refreshed caches (g_hi 0.939 > g_mid 0.593 > g_lo 0.095)
     res2 = buf.select(2, lambda gs: [g.gen_log_probs.clone() for g in gs])
     assert res2.accepted_ids == [g_hi.group_id]
@@ -488,7 +492,7 @@ def test_empty_buffer_and_nothing_accepted_stats_are_zero():
     calls = []
     res = buf.select(0, lambda gs: calls.append(1) or [])
     assert calls == [] and res.groups == [] and res.records == []
-    assert all(v == 0.0 for k, v in res.stats.items() if k not in TIMING_KEYS)
+    assert all(v == 0.0 for k, v in res.stats.items() if k not in CHUNK_DEPENDENT_KEYS)
     buf.admit([_group([1, 0], [1.0, -1.0])], step=0)
     res = buf.select(1, lambda gs: [g.gen_log_probs - 0.5 for g in gs])  # drift 0.5 > 0
     assert res.stats["scanned"] == 1.0 and res.stats["accepted"] == 0.0
@@ -592,7 +596,7 @@ def test_chunked_scan_equals_one_by_one(synth, kw):
         for a, b in zip(ref, res, strict=True):
             assert a.accepted_ids == b.accepted_ids
             assert a.records == b.records  # drift, refreshed headroom, ranks: bit-identical
-            assert _stats_wo_timing(a) == _stats_wo_timing(b)
+            assert _decision_stats(a) == _decision_stats(b)
         assert _caches(ref_buf) == _caches(buf)
         assert [g.replay_count for g in ref_buf] == [g.replay_count for g in buf]
     assert tails > 0  # rounded-up chunks did give the scorer groups that were never scanned
@@ -632,6 +636,7 @@ def test_buffer_matches_reference_and_invariants(
     buf = HeadroomDriftBuffer(scan_chunk_groups=chunk, **cfg)
     ref = ReferenceBuffer(**cfg)
     admitted_ids: list[int] = []
+    previous = (0, 0)  # (accepted, scanned) of the previous selection
     for step, count in enumerate(per_step):
         if step:
             sc = synth.SynthScorer(step)
@@ -651,10 +656,18 @@ def test_buffer_matches_reference_and_invariants(
             assert [r.rank for r in res.records] == list(range(1, len(res.records) + 1))
             assert res.stats["accepted"] == len(res.groups)
             assert res.stats["scanned"] == len(res.records)
-            # each call asks for what the scan can still use, rounded up to the multiple
+            # each call asks for what the scan is expected to need, rounded up to the multiple
             assert_chunk_rule(
-                res, sc.calls, candidates=candidates, chunk=chunk, k_rep=k_rep, max_scan=max_scan, multiple=multiple
+                res,
+                sc.calls,
+                candidates=candidates,
+                chunk=chunk,
+                k_rep=k_rep,
+                max_scan=max_scan,
+                multiple=multiple,
+                previous=previous,
             )
+            previous = (len(res.groups), len(res.records))
             # a scan stops early only because K_rep was filled
             if len(res.records) < (len(buf) if max_scan is None else min(max_scan, len(buf))):
                 assert len(res.groups) == k_rep
@@ -672,29 +685,74 @@ def test_buffer_matches_reference_and_invariants(
         assert len(buf._heap) - len(buf) <= len(buf) // 4 + 64
 
 
-def assert_chunk_rule(res, calls, *, candidates, chunk, k_rep, max_scan, multiple):
-    """Every scorer call had min(round_up(min(chunk, K_rep - accepted, budget left), multiple),
-    budget left, candidates left) groups; only the last call may have an unscanned tail."""
+def assert_chunk_rule(res, calls, *, candidates, chunk, k_rep, max_scan, multiple, previous):
+    """Every scorer call had min(round_up(min(chunk, expected, budget left), multiple), budget
+    left, candidates left) groups, expected = ceil((K_rep - accepted) / rate) with the rate
+    (A + 1) / (S + 1) over the previous selection and the call's own scan so far (computed here
+    in floats, independently of the buffer's integer form); only the last call may have an
+    unscanned tail."""
     budget = candidates if max_scan is None else min(candidates, max_scan)
     accepted_by_rank = [r.accepted for r in res.records]
     given = 0
     for i, call in enumerate(calls):
         # every earlier call was scanned in full, so given == scanned here
         acc = sum(accepted_by_rank[:given])
+        rate = (previous[0] + acc + 1) / (previous[1] + given + 1)
+        expected = math.ceil((k_rep - acc) / rate - 1e-9)
         left = budget - given
-        want = min(chunk, k_rep - acc, left)
+        want = min(chunk, expected, left)
         want = min(-(-want // multiple) * multiple, left, candidates - given)
-        assert len(call) == want, (i, calls)
+        assert len(call) == want, (i, calls, previous)
         given += len(call)
     assert list(res.chunk_groups) == [len(c) for c in calls]
     assert res.scored_groups == given and res.scorer_calls == len(calls)
-    assert len(res.records) <= given <= len(res.records) + multiple - 1
-    if multiple == 1:
-        assert given == len(res.records)  # nothing given to the scorer goes unused
+    assert res.stats["scan_unused_groups"] == given - len(res.records)
+    assert len(res.records) <= given <= len(res.records) + max(chunk, multiple) - 1
 
 
-def test_chunks_ask_only_for_what_the_scan_can_use(synth):
-    # k_rep = 2 with chunks of 16 (the issue's tiny run): 2 groups first, then 1 per rejection
+class _PositionGate:
+    """Accepts the groups at the given 1-based scan positions (counted over calls, which come in
+    rank order), rejects the rest with drift 1; records every call's group ids."""
+
+    def __init__(self, accept_at: set[int]):
+        self.accept_at, self.position, self.calls = accept_at, 0, []
+
+    def __call__(self, groups):
+        self.calls.append([g.group_id for g in groups])
+        out = []
+        for g in groups:
+            self.position += 1
+            out.append(g.gen_log_probs.clone() + (0.0 if self.position in self.accept_at else 1.0))
+        return out
+
+
+def test_chunks_grow_as_the_gate_rejects(synth):
+    # K_rep = 2, chunks of at most 16, the gate accepts scan positions 1 and 10 (hand-computed):
+    # no evidence: 2 (the missing count); then rate (1+1)/(2+1) -> ceil(1 / (2/3)) = 2;
+    # (1+1)/(4+1) -> ceil(2.5) = 3; (1+1)/(7+1) -> 4, whose 10th position fills K_rep: the 11th
+    # was forwarded and never scanned
+    buf = HeadroomDriftBuffer(capacity=40, k_rep=2, tau=0.25, scan_chunk_groups=16, ingress="nonzero_advantage")
+    buf.admit(synth.step_groups(5, 0, 30), step=0)
+    gate = _PositionGate({1, 10})
+    res = buf.select(1, gate)
+    assert [len(c) for c in gate.calls] == [2, 2, 3, 4]
+    assert [r.rank for r in res.records if r.accepted] == [1, 10] and len(res.records) == 10
+    assert res.scored_groups == 11 and res.stats["scan_unused_groups"] == 1.0
+    assert gate.calls[-1][-1] not in {r.group_id for r in res.records}
+    # the next step starts from the previous scan's rate (2+1)/(10+1): ceil(2 x 11 / 3) = 8
+    gate2 = _PositionGate({1, 2})
+    buf.select(2, gate2)
+    assert [len(c) for c in gate2.calls] == [8]
+    # and a gate that accepts everything keeps the chunks at the missing count: nothing unused
+    open_buf = HeadroomDriftBuffer(capacity=40, k_rep=2, tau=math.inf, scan_chunk_groups=16)
+    open_buf.admit(synth.step_groups(5, 0, 30), step=0)
+    for step in (1, 2, 3):
+        sc = synth.SynthScorer(step)
+        res = open_buf.select(step, sc)
+        assert [len(c) for c in sc.calls] == [2] and res.stats["scan_unused_groups"] == 0.0
+
+
+def test_chunk_multiple_and_budget_never_change_decisions(synth):
     def run(multiple, tau=0.25, **kw):
         buf = HeadroomDriftBuffer(
             capacity=40, k_rep=2, tau=tau, scan_chunk_groups=16, ingress="nonzero_advantage", **kw
@@ -703,15 +761,12 @@ def test_chunks_ask_only_for_what_the_scan_can_use(synth):
         sc = synth.SynthScorer(1)
         return buf.select(1, sc, chunk_multiple=multiple), sc, buf
 
-    one, sc1, _ = run(1)
+    one, _, _ = run(1)
     assert [r.accepted for r in one.records].count(False) >= 1  # the scan had to go on
-    assert sc1.calls[0] == [r.group_id for r in one.records[:2]] and len(sc1.calls[0]) == 2
-    assert all(len(c) == 1 for c in sc1.calls[1:])
-    assert one.scored_groups == len(one.records)
     for multiple in (2, 3, 5, 16):
         res, sc, _ = run(multiple)
         assert res.accepted_ids == one.accepted_ids and res.records == one.records
-        assert _stats_wo_timing(res) == _stats_wo_timing(one)
+        assert _decision_stats(res) == _decision_stats(one)
         assert all(len(c) % multiple == 0 for c in sc.calls[:-1])
     # a scan budget caps the rounded-up chunk: never a group that cannot be scanned
     res, sc, _ = run(8, tau=0.0, max_scan_groups=3)
@@ -807,7 +862,7 @@ def test_resume_equivalence(synth, tmp_path):
     for ra, rb in zip(run_a[1:], run_b[1:], strict=True):
         assert ra.accepted_ids == rb.accepted_ids
         assert ra.records == rb.records
-        assert _stats_wo_timing(ra) == _stats_wo_timing(rb)
+        assert _decision_stats(ra) == _decision_stats(rb)
     assert sum(len(r.groups) for r in run_a[5:]) > 0
     assert _caches(a) == _caches(c)
     assert [g.replay_count for g in a] == [g.replay_count for g in c]

@@ -16,11 +16,16 @@ Scorer contract (:meth:`HeadroomDriftBuffer.select`)
 *current* policy's teacher-forced log-probs of ``group.response_ids`` as a 1-D floating tensor
 of length ``group.num_tokens`` in the same flat layout as ``group.gen_log_probs`` (any device;
 values at masked positions are ignored). It is called once per scan chunk and must not modify
-the groups. A chunk holds no more groups than the scan can still use: the smaller of
-``scan_chunk_groups`` and K_rep minus the groups accepted so far, rounded up to the caller's
-``chunk_multiple`` (groups that fill what the data-parallel dispatch would pad anyway) and
-capped by the scan budget and the candidates left. A chunked scan equals a one-by-one scan
-provided that a group's log-probs do not depend on which groups share its chunk.
+the groups. A chunk holds about as many groups as the scan is expected to need: the
+acceptances still missing (K_rep minus the groups accepted so far) divided by the recent
+acceptance rate (previous step and this one so far; 1 before any evidence), at most
+``scan_chunk_groups``, rounded up to the caller's ``chunk_multiple`` (groups that fill what the
+data-parallel dispatch would pad anyway) and capped by the scan budget and the candidates left.
+A scorer call costs a fixed dispatch on top of its rows, so one group per call (what a gate
+that rejects almost everything would otherwise get) costs about twice as much per group as a
+full chunk; the price is the unscanned tail of the last chunk (``scan_unused_groups``). A
+chunked scan equals a one-by-one scan provided that a group's log-probs do not depend on which
+groups share its chunk.
 
 Complexity
 ----------
@@ -45,7 +50,9 @@ candidates), ``drift_scanned/{mean,p50,p90}``, ``drift_accepted/{mean,p50,p90}``
 mean`` (H under the current policy), ``replay_kl_accepted/mean`` (k3 averaged over all valid
 tokens of the accepted groups, token-weighted), ``age_accepted/{mean,max}`` (weight
 versions since generation, see below), ``replay_tokens`` (valid tokens of the accepted groups,
-for the replay token share), ``select_seconds`` (whole call) and ``scan_forward_seconds`` (inside scorer calls).
+for the replay token share), ``scan_unused_groups`` (groups of the last chunk past the point
+where the scan stopped: forwarded, never scanned), ``select_seconds`` (whole call) and
+``scan_forward_seconds`` (inside scorer calls).
 
 Ages
 ----
@@ -1175,6 +1182,9 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         self._heap: list[tuple[float, int, int, int]] = []
         # -birth_step objects shared by all entries of one birth step (an int per entry otherwise)
         self._neg_birth: dict[int, int] = {}
+        # (accepted, scanned) of the previous selection: sizes the chunks only, never a decision,
+        # so it is not part of the saved state (a resumed run starts without evidence)
+        self._previous_scan: tuple[int, int] = (0, 0)
 
     def config(self) -> dict[str, Any]:
         cfg = super().config()
@@ -1261,11 +1271,16 @@ class HeadroomDriftBuffer(_FifoReplayStore):
             raise ValueError(f"scorer output for group {group.group_id}: {exc}") from None
 
     def _chunk_size(self, accepted: int, scanned: int, budget: int, multiple: int) -> int:
-        """Groups to give the scorer next: no more than the scan can still use, except that
-        the count is rounded up to ``multiple`` (those extra groups take the place of dispatch
-        padding, so they cost no forward rows) and never past the scan budget."""
+        """Groups to give the scorer next: the acceptances still missing over the recent
+        acceptance rate, ``(A + 1) / (S + 1)`` with A of S groups accepted over the previous
+        selection and this one so far (1 before any evidence: then exactly the missing count),
+        at most ``scan_chunk_groups``; rounded up to ``multiple`` (those extra groups take the
+        place of dispatch padding, so they cost no forward rows) and never past the scan budget."""
         left = budget - scanned
-        want = min(self.scan_chunk_groups, self.k_rep - accepted, left)
+        prev_accepted, prev_scanned = self._previous_scan
+        seen_accepted, seen_scanned = prev_accepted + accepted + 1, prev_scanned + scanned + 1
+        expected = -(-(self.k_rep - accepted) * seen_scanned // seen_accepted)  # ceil(missing / rate)
+        want = min(self.scan_chunk_groups, expected, left)
         return min(-(-want // multiple) * multiple, left)
 
     def select(self, step: int, scorer: Scorer, *, chunk_multiple: int = 1) -> SelectionResult:
@@ -1354,7 +1369,9 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         for g in accepted:
             g.replay_count += 1
         self._after_mutation()
+        self._previous_scan = (len(accepted), len(records))
         stats = self._stats(records, candidates)
+        stats["scan_unused_groups"] = float(len(popped) - len(records))
         stats["scan_forward_seconds"] = forward_s
         stats["select_seconds"] = time.perf_counter() - t0
         return SelectionResult(
@@ -1455,6 +1472,7 @@ class NaiveReplayBuffer(_FifoReplayStore):
             "scan_depth_frac": len(records) / candidates if candidates else 0.0,
         }
         stats.update(_accepted_stats(records, self.k_rep))
+        stats["scan_unused_groups"] = 0.0
         stats["scan_forward_seconds"] = 0.0
         stats["select_seconds"] = time.perf_counter() - t0
         return SelectionResult(step=step, groups=accepted, records=records, stats=stats)

@@ -105,9 +105,10 @@ def check_event_log_totals(events: list[dict], metrics: Sequence[dict], *, k_rep
         assert m["replay/scanned"] == counts["scan"]
         assert m["replay/ingress"] == counts["ingress"] and m["replay/evicted"] == counts["evict"]
         assert m["replay/buffer_size"] == size
-        if "replay/drift_scanned/mean" in m:  # every scanned group went through the forward, padded at most
-            assert m["replay/scanned"] * GROUP_SIZE <= m["replay/scan_forward_rows"]  # to the next chunk multiple
-            assert m["replay/scan_forward_rows"] <= (m["replay/scanned"] + 1) * GROUP_SIZE or m["replay/scanned"] == 0
+        if "replay/drift_scanned/mean" in m:  # every group given to the scorer went through the forward
+            given = (m["replay/scanned"] + m["replay/scan_unused_groups"]) * GROUP_SIZE
+            assert given <= m["replay/scan_forward_rows"]  # padded at most to the next chunk multiple
+            assert m["replay/scan_forward_rows"] <= given + GROUP_SIZE or m["replay/scanned"] == 0
         else:  # the naive baseline scores nothing
             assert m["replay/scan_forward_rows"] == 0
         assert m["replay/replay_rows"] == GROUP_SIZE * m["replay/accepted"]
