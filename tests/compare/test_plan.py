@@ -114,7 +114,7 @@ def test_arith_profile_runs_the_headroom_drift_comparison_on_the_addition_task(t
 
 def test_shapes_profile_runs_the_elite_comparison_on_the_query_shapes_task(tmp_path):
     plan = _plan(tmp_path, comparisons=["elite"], profile=shapes_profile(), seeds=[1, 2])
-    assert [a.name for a in plan.arms("elite")] == ["grpo", "elite_iid", "elite"]
+    assert [a.name for a in plan.arms("elite")] == ["grpo", "elite_iid", "elite", "elite_mu0"]
     assert plan.search is not None and plan.search.env["TINY_TASK"] == "shapes"
     by_seed = {(r.arm.name, r.seed): r for r in plan.runs}
     for run in plan.runs:
@@ -127,6 +127,14 @@ def test_shapes_profile_runs_the_elite_comparison_on_the_query_shapes_task(tmp_p
         grpo, elite = by_seed[("grpo", seed)], by_seed[("elite", seed)]
         assert grpo.argv[2:] == elite.argv[2:] and f"data.seed={seed}" in grpo.argv
         assert elite.env["ARCHIVE"] == by_seed[("elite_iid", seed)].env["ARCHIVE"] and "ARCHIVE" not in grpo.env
+        # the control is EliteReplay's own command with the replay term off, and nothing else changed
+        control = by_seed[("elite_mu0", seed)]
+        assert control.argv == elite.argv and control.env.pop("MU") == "0" and "MU" not in elite.env
+        assert {k: v for k, v in control.env.items() if k not in ("OUTPUT_DIR", "RUN_DIR")} == {
+            k: v for k, v in elite.env.items() if k not in ("OUTPUT_DIR", "RUN_DIR")
+        }
+    # the other profiles have no such arm
+    assert "elite_mu0" not in [a.name for a in _plan(tmp_path, comparisons=["elite"]).arms("elite")]
     with pytest.raises(ValueError, match="shapes profile has no task for headroom_drift; it runs elite"):
         _plan(tmp_path, profile=shapes_profile())
 

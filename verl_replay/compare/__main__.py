@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_csv,
         default=None,
         help="only these arms (grpo_matched, grpo_larger, naive, headroom_drift, headroom_only, drift_only, "
-        "grpo_control [arith]; grpo, elite_iid, elite)",
+        "grpo_control [arith]; grpo, elite_iid, elite, elite_mu0 [shapes])",
     )
     p.add_argument("--out", default=None, help="output folder (default: outputs/compare_<profile>)")
     p.add_argument("--steps", type=int, default=None, help="global training steps per run (tiny: 6, paper: 500)")

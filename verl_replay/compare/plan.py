@@ -89,6 +89,9 @@ class Profile:
     tiny_task: Optional[str] = None  # the recipes' TINY_TASK (arith: the learnable tiny profile)
     # the control arm's training reward rate (rewards drawn at random at this rate); None: no control arm
     control_rate: Optional[float] = None
+    # add an EliteReplay arm with mu = 0: the elite recipe with its replay term off, which exposes
+    # an effect that comes from the recipe (its batches, its archive loading) rather than the replay
+    elite_control: bool = False
     comparisons: tuple[str, ...] = COMPARISONS  # the comparisons the profile has a task for
 
 
@@ -167,6 +170,7 @@ def shapes_profile(
         math_eval=False,
         tiny_task="shapes",
         comparisons=("elite",),
+        elite_control=True,
     )
 
 
@@ -286,11 +290,15 @@ def elite_arms(profile: Profile) -> list[Arm]:
     prompts = None if not profile.tiny else profile.prompts  # paper: the recipe's 128 questions
     env = {} if prompts is None else {"TRAIN_PROMPTS": str(prompts)}
     fresh = prompts or 128
-    return [
+    arms = [
         Arm("elite", "grpo", "GRPO", "baselines/grpo_sql.sh", dict(env), fresh),
         Arm("elite", "elite_iid", "IID archive replay", "baselines/iid_archive_replay.sh", dict(env), fresh),
         Arm("elite", "elite", "EliteReplay", "elite_replay_qwen4b.sh", dict(env), fresh),
     ]
+    if profile.elite_control:
+        label = "control: EliteReplay, mu = 0 (replay term off)"
+        arms.append(Arm("elite", "elite_mu0", label, "elite_replay_qwen4b.sh", {**env, "MU": "0"}, fresh))
+    return arms
 
 
 def _common_env(profile: Profile, comparison: str, python: str) -> dict[str, str]:
