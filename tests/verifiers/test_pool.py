@@ -4,6 +4,7 @@ import functools
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
 import time
 from pathlib import Path
@@ -26,6 +27,44 @@ def assert_processes_gone(pids: list[int]) -> None:
     left = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
     assert not left, f"leftover worker processes: {left}"
     assert not {p.pid for p in multiprocessing.active_children()} & set(pids)
+
+
+def own_children() -> list[int]:
+    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _parent(int(pid)) == os.getpid()]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError):
+        return None
+
+
+def still_running(pids: set[int]) -> set[int]:
+    """Those of ``pids`` that still run (not gone, not zombies) after a patient wait."""
+    deadline = time.monotonic() + STARVED_SCHEDULER_S
+    while True:
+        left = {pid for pid in pids if _state(pid) not in (None, "Z")}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 SCENARIOS = [
@@ -232,11 +271,14 @@ def test_invalid_arguments(kwargs: dict) -> None:
 def test_supervisor_failure_resolves_every_future_and_closes_the_pool() -> None:
     pool = VerifierPool(num_workers=1, task_timeout_s=10)
     assert pool.wait_ready(STARVED_SCHEDULER_S)
+    spawn_missing = pool._spawn_missing
 
-    def broken_spawn() -> None:
-        raise OSError("cannot start a process (simulated: out of file descriptors)")
+    def broken_respawn() -> None:
+        if len(pool._workers) < pool.num_workers:
+            raise RuntimeError("simulated supervisor bug")
+        spawn_missing()
 
-    pool._spawn = broken_spawn  # type: ignore[method-assign]  # the respawn after the crash fails
+    pool._spawn_missing = broken_respawn  # type: ignore[method-assign]  # fails once a worker must be replaced
     crashed = pool.submit(tasks.scenario, "exit", 0)
     queued = pool.submit(tasks.scenario, "ok", 1)
     assert crashed.result(timeout=10).reason == "worker_crashed"
@@ -245,6 +287,74 @@ def test_supervisor_failure_resolves_every_future_and_closes_the_pool() -> None:
     with pytest.raises(RuntimeError, match="closed"):
         pool.submit(tasks.scenario, "ok", 2)
     pool.close()
+    assert_processes_gone(pool.started_pids)
+
+
+def failing_starts(pool: VerifierPool, failures: float) -> list[int]:
+    """Make the pool's next ``failures`` worker starts raise as a killed forkserver's do; returns
+    the list that counts them."""
+    spawn, raised = pool._spawn, []
+
+    def spawn_or_raise() -> None:
+        if len(raised) < failures:
+            raised.append(1)
+            raise EOFError("unexpected EOF")  # what multiprocessing raises when its forkserver dies mid-start
+        spawn()
+
+    pool._spawn = spawn_or_raise  # type: ignore[method-assign]
+    return raised
+
+
+def test_a_worker_start_that_raises_is_retried(caplog: pytest.LogCaptureFixture) -> None:
+    with VerifierPool(num_workers=1, task_timeout_s=10) as pool:
+        assert pool.wait_ready(STARVED_SCHEDULER_S)
+        raised = failing_starts(pool, 2)
+        assert pool.submit(tasks.scenario, "exit", 0).result(timeout=10).reason == "worker_crashed"
+        assert pool.submit(tasks.scenario, "ok", 1).result(timeout=STARVED_SCHEDULER_S) == 10  # the third start
+        assert len(raised) == 2 and not pool.closed
+    warnings = [r for r in caplog.records if r.name == "verl_replay.verifiers.pool"]
+    assert [r.levelname for r in warnings] == ["WARNING", "WARNING"]  # no ERROR, no traceback
+    assert "did not start (2 in a row): EOFError" in warnings[1].getMessage()
+    assert_processes_gone(pool.started_pids)
+
+
+def test_workers_that_never_start_fail_tasks_and_the_pool_stays_open() -> None:
+    with VerifierPool(num_workers=1, task_timeout_s=10) as pool:
+        assert pool.wait_ready(STARVED_SCHEDULER_S)
+        raised = failing_starts(pool, float("inf"))
+        assert pool.submit(tasks.scenario, "exit", 0).result(timeout=10).reason == "worker_crashed"
+        failed = pool.submit(tasks.scenario, "ok", 1).result(timeout=STARVED_SCHEDULER_S)
+        assert failed.reason == "worker_start_failed" and "5 workers in a row did not start" in failed.detail
+        assert len(raised) == 5 and not pool.closed  # retried with pauses, then given up: no busy loop
+        assert pool.submit(tasks.scenario, "ok", 2).result(timeout=10).reason == "worker_start_failed"
+    assert_processes_gone(pool.started_pids)
+
+
+def test_a_worker_that_dies_before_taking_its_task_does_not_fail_it(tmp_path: Path) -> None:
+    with VerifierPool(num_workers=1, task_timeout_s=10) as pool:
+        once = tasks.DiesWhenUnpickled(str(tmp_path / "died_once"))
+        assert pool.submit(tasks.scenario, "ok", once).result(timeout=STARVED_SCHEDULER_S) == 50
+        assert pool.replacements == 1
+        always = pool.submit(tasks.scenario, "ok", tasks.DiesWhenUnpickled()).result(timeout=STARVED_SCHEDULER_S)
+        assert always.reason == "worker_crashed"
+        assert always.detail == "3 workers in a row died before they could take the task"
+        assert pool.replacements == 4 and pool.submit(tasks.scenario, "ok", 1).result(timeout=10) == 10
+    assert_processes_gone(pool.started_pids)
+
+
+def test_a_killed_forkserver_is_replaced() -> None:
+    """SIGKILL the forkserver (the workers, its children, die with it): the next task runs on
+    workers of a new forkserver."""
+    with VerifierPool(num_workers=2, task_timeout_s=10, start_method="forkserver") as pool:
+        assert pool.wait_ready(STARVED_SCHEDULER_S)
+        before = set(pool.worker_pids())
+        forkservers = [pid for pid in own_children() if "multiprocessing.forkserver" in cmdline(pid)]
+        assert len(forkservers) == 1
+        os.kill(forkservers[0], signal.SIGKILL)
+        assert not still_running(before)  # the workers died with it (their parent)
+        # sent at once, maybe to a worker whose death the pool has not seen: never taken, not charged
+        ran_on = pool.submit(tasks.worker_pid).result(timeout=STARVED_SCHEDULER_S)
+        assert isinstance(ran_on, int) and ran_on not in before
     assert_processes_gone(pool.started_pids)
 
 

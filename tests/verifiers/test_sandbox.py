@@ -234,14 +234,69 @@ def test_workers_die_with_their_owner(tmp_path: Path, db: Path) -> None:
             owner.wait()
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds a process has used (user + system), from /proc; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def kill_all_once_one_runs(sb: SQLSandbox, busy_cpu_s: float = 0.2) -> threading.Thread:
+    """A thread that SIGKILLs every worker once one of them has spent ``busy_cpu_s`` more CPU
+    than at the start (it is inside the query), however long a loaded machine takes to get there."""
+    pids = sb.worker_pids()
+    start = {pid: cpu_s(pid) for pid in pids}
+
+    def kill_when_running() -> None:
+        deadline = time.monotonic() + STARVED_SCHEDULER_S
+        while time.monotonic() < deadline and all(cpu_s(p) - start[p] < busy_cpu_s for p in pids):
+            time.sleep(0.02)
+        for pid in sb.worker_pids():
+            os.kill(pid, signal.SIGKILL)
+
+    thread = threading.Thread(target=kill_when_running)
+    thread.start()
+    return thread
+
+
 def test_a_crashing_worker_is_a_failed_verification(sb: SQLSandbox, db: Path) -> None:
-    timer = threading.Timer(0.3, lambda: [os.kill(pid, signal.SIGKILL) for pid in sb.worker_pids()])
-    timer.start()
-    # the deadline is far off (the kill decides, even if a loaded machine delays the timer)
+    killer = kill_all_once_one_runs(sb)
+    # the deadline is far off (the kill decides, even if a loaded machine delays it)
     result = run(sb, db, LONG_STEPS["instr"], timeout_s=STARVED_SCHEDULER_S)
-    timer.join()
+    killer.join()
     assert result.reason == "worker_crashed" and "exit code -9" in result.detail
-    assert run(sb, db, "SELECT 3").rows == [(3,)]  # replaced
+    # the idle worker died too: the next query is not blamed for it, whether the sandbox sees
+    # the death before sending (reaped) or after (no receipt: sent again to a fresh worker)
+    assert run(sb, db, "SELECT 3").rows == [(3,)]
+
+
+def test_a_worker_dead_before_the_query_is_replaced(sb: SQLSandbox, db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that dies idle (the OOM killer, an operator) between the sandbox's liveness check
+    and the query: it never sends its receipt, so the query runs on another worker."""
+    for worker in list(sb._idle):
+        os.kill(worker.pid, signal.SIGKILL)
+        assert not wait_gone([worker.pid], allow_zombies=True)
+        monkeypatch.setattr(worker.proc, "poll", lambda: None)  # the check ran a moment before the death
+    assert run(sb, db, "SELECT 3").rows == [(3,)]
+    assert sb.crashes == 2  # both dead workers were tried (the last ready one first), neither blamed
+
+
+def test_workers_that_die_before_every_query_fail_it(monkeypatch: pytest.MonkeyPatch, db: Path) -> None:
+    # ready, then gone at the first query, before its receipt
+    dies_at_query = (
+        "import sys; from multiprocessing.connection import Connection; c = Connection(int(sys.argv[1])); "
+        f"c.send_bytes({sandbox_mod._READY!r}); c.recv_bytes()"
+    )
+    monkeypatch.setattr(sandbox_mod, "_BOOT", dies_at_query)
+    with SQLSandbox(min_workers=1, max_workers=1) as doomed:
+        result = run(doomed, db, "SELECT 1")
+        assert (result.rows, result.reason) == (None, "worker_crashed")
+        assert "3 sandbox workers in a row died before they could take the query" in result.detail
+        assert doomed.crashes == 3
+    assert not wait_gone(doomed.started_pids)
 
 
 def test_workers_are_recycled(db: Path) -> None:

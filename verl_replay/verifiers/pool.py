@@ -57,6 +57,10 @@ _IN_WORKER = False
 
 # Consecutive workers that die before reporting ready before the pool gives up on them.
 _MAX_START_FAILURES = 5
+# Workers in a row that may die holding a task they had not yet taken before that task fails.
+_MAX_UNTAKEN = 3
+# Pause after a worker start that raised, doubled per failure in a row (0.1 s, 0.2 s, ...).
+_SPAWN_RETRY_S = 0.05
 # Preloading this module means the tasks verify SQL (see _worker_main).
 _SQL_MODULE = "verl_replay.verifiers.sql"
 
@@ -132,6 +136,7 @@ def _die_with_owner(owner_pid: int) -> None:
 
 def _worker_main(
     conn: multiprocessing.connection.Connection,
+    taken: Any,
     owner_pid: int,
     preload: Sequence[str],
     memory_limit_mb: int | None,
@@ -170,6 +175,7 @@ def _worker_main(
         task_id = -1
         try:
             task_id, fn, args = pickle.loads(message)
+            taken.value = task_id  # from here on, a death is this task's doing
             outcome = ("done", task_id, True, fn(*args))
         except BaseException as exc:  # noqa: BLE001 - report everything, keep the worker alive
             if isinstance(exc, (KeyboardInterrupt, SystemExit)) and task_id < 0:
@@ -193,14 +199,16 @@ class _Task:
     future: Future
     on_failure: FailureFactory
     timeout_s: float
+    untaken_deaths: int = 0  # workers that died holding it before they took it
 
 
 class _Worker:
-    def __init__(self, process: Any, conn: multiprocessing.connection.Connection) -> None:
+    def __init__(self, process: Any, conn: multiprocessing.connection.Connection, taken: Any) -> None:
         self.process = process
         self.conn = conn
         self.ready = False
         self.task: _Task | None = None
+        self.taken = taken  # shared memory: the id of the last task the worker took (no message, no wake-up)
         self.deadline = float("inf")
         self.tasks_done = 0
         self.eof = False  # its pipe hit EOF: the process is exiting
@@ -213,7 +221,8 @@ class VerifierPool:
     deadline per task, measured from the moment a worker starts it (queueing time does not
     count); a task past it has its worker SIGKILLed and resolves to
     ``on_failure("worker_timeout", ...)``. A worker that dies mid-task resolves that task to
-    ``on_failure("worker_crashed", ...)``. A task that raises resolves to
+    ``on_failure("worker_crashed", ...)``; one that dies before it takes its task (killed while
+    idle, its forkserver killed) costs that task nothing: it goes to another worker. A task that raises resolves to
     ``on_failure("task_error", traceback)``. In all cases the worker is replaced and every
     other task completes normally. Workers are recycled after ``max_tasks_per_child`` tasks
     (bounds memory growth from caches/leaks; ``None`` = never).
@@ -281,6 +290,7 @@ class VerifierPool:
         self._workers: list[_Worker] = []
         self._pending: collections.deque[_Task] = collections.deque()
         self._start_failures = 0
+        self._spawn_retry_at = 0.0  # monotonic time before which no start is retried
         self._broken = ""
         self._n_ready = 0
         self._all_ready = threading.Event()
@@ -377,16 +387,37 @@ class VerifierPool:
 
     def _spawn(self) -> None:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        taken = self._ctx.RawValue("q", -1)
         process = self._ctx.Process(
             target=_worker_main,
-            args=(child_conn, self._owner_pid, self._preload, self._memory_limit_mb, self._initializer),
+            args=(child_conn, taken, self._owner_pid, self._preload, self._memory_limit_mb, self._initializer),
             name="verifier-pool-worker",
             daemon=True,
         )
-        process.start()
-        child_conn.close()
+        try:
+            process.start()
+        except BaseException:
+            parent_conn.close()
+            raise
+        finally:
+            child_conn.close()
         self.started_pids.append(process.pid)
-        self._workers.append(_Worker(process, parent_conn))
+        self._workers.append(_Worker(process, parent_conn, taken))
+
+    def _spawn_missing(self) -> None:
+        """Start workers up to ``num_workers``. A start that raises (the forkserver was killed
+        mid-request, fork failed) is a start failure like a worker that dies before it is ready:
+        retried after a pause that doubles, the pool broken after ``_MAX_START_FAILURES`` in a row."""
+        while len(self._workers) < self.num_workers and time.monotonic() >= self._spawn_retry_at:
+            try:
+                self._spawn()
+            except Exception as exc:  # noqa: BLE001 - any start failure; the supervisor must go on
+                self._start_failures += 1
+                logger.warning("VerifierPool: a worker did not start (%d in a row): %r", self._start_failures, exc)
+                if self._start_failures >= _MAX_START_FAILURES:
+                    self._broken = f"{_MAX_START_FAILURES} workers in a row did not start (last: {exc!r})"
+                self._spawn_retry_at = time.monotonic() + _SPAWN_RETRY_S * 2**self._start_failures
+                return
 
     @staticmethod
     def _resolve(task: _Task, ok: bool, value: Any, reason: str = "task_error") -> None:
@@ -420,11 +451,19 @@ class VerifierPool:
         if worker.ready:
             self._set_ready_count(self._n_ready - 1)
         exitcode = self._reap(worker, kill=kill)
-        if worker.task is not None:
-            if reason == "worker_crashed":
-                detail = f"{detail} (exit code {exitcode})"
-            self._resolve(worker.task, False, detail, reason)
-            worker.task = None
+        task, worker.task = worker.task, None
+        if task is None:
+            return
+        if reason == "worker_crashed" and worker.taken.value != task.task_id:
+            # It died before it took the task (killed while idle): not the task's doing.
+            task.untaken_deaths += 1
+            if task.untaken_deaths < _MAX_UNTAKEN:
+                self._pending.appendleft(task)
+                return
+            detail = f"{_MAX_UNTAKEN} workers in a row died before they could take the task"
+        elif reason == "worker_crashed":
+            detail = f"{detail} (exit code {exitcode})"
+        self._resolve(task, False, detail, reason)
 
     def _set_ready_count(self, count: int) -> None:
         self._n_ready = count
@@ -530,17 +569,18 @@ class VerifierPool:
     def _loop(self) -> None:
         while True:
             closing = self._take_incoming()
+            if not self._broken and (not closing or self._pending):  # a closing pool starts workers only to drain
+                self._spawn_missing()
             if self._broken:
                 self._fail_pending("worker_start_failed", self._broken)
             if closing and (not self._drain or (not self._pending and all(w.task is None for w in self._workers))):
                 break
-            if not self._broken:
-                while len(self._workers) < self.num_workers:
-                    self._spawn()
             self._dispatch()
 
             now = time.monotonic()
             next_deadline = min((w.deadline for w in self._workers), default=float("inf"))
+            if not self._broken and len(self._workers) < self.num_workers:
+                next_deadline = min(next_deadline, self._spawn_retry_at)
             wait_s = None if next_deadline == float("inf") else max(0.0, next_deadline - now)
             waitables: list[Any] = [self._wake_r]
             for w in self._workers:

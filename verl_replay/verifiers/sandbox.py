@@ -16,7 +16,10 @@ has not answered by ``timeout_s + kill_grace_s``:
   workers; the sandbox starts one per concurrent caller up to ``max_workers``.
 - **Cheap recovery.** A killed or crashed worker is replaced at once (starting a process takes
   milliseconds; the new interpreter boots while the caller already has its result), and
-  ``min_workers`` (default 2) are kept, so the next query finds a ready worker.
+  ``min_workers`` (default 2) are kept, so the next query finds a ready worker. A worker counts
+  the queries it takes in memory it shares with the sandbox: one that dies before taking its
+  query was dead before the query reached it (killed while idle), so the query goes to another
+  worker rather than counting as one that crashed its worker.
 - **Bounded memory.** Each worker caps its address space (``RLIMIT_AS``, ``memory_limit_mb``)
   and SQLite's heap (``PRAGMA hard_heap_limit``, half of it: a result row is copied once more
   into Python objects), so a query that builds huge values fails with ``out_of_memory``
@@ -39,11 +42,14 @@ from __future__ import annotations
 
 import atexit
 import json
+import mmap
 import os
 import pickle
 import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -54,6 +60,9 @@ from verl_replay.verifiers.sqlite_exec import KILL_GRACE_S, QueryResult
 __all__ = ["SQLSandbox", "SandboxError", "get_sql_sandbox", "shutdown_sql_sandbox", "warm_sql_sandbox"]
 
 _READY = b"ready"
+_COUNTER = struct.Struct("q")
+# Workers in a row that may die before taking one query before that query fails.
+_MAX_UNTAKEN = 3
 # Consecutive workers that die before reporting ready before the sandbox gives up.
 _MAX_START_FAILURES = 3
 _BOOT = (
@@ -106,6 +115,8 @@ def _worker_main(sock_fd: int, lifeline_fd: int, config: dict[str, Any]) -> None
     from verl_replay.verifiers.sqlite_exec import _CachedExecutor
 
     conn = Connection(sock_fd)
+    # Receipts: the count of queries taken, in memory shared with the owner (read only after a death).
+    taken = mmap.mmap(config["taken_fd"], _COUNTER.size) if "taken_fd" in config else None
     executor = _CachedExecutor()
     try:
         conn.send_bytes(_READY)
@@ -118,6 +129,8 @@ def _worker_main(sock_fd: int, lifeline_fd: int, config: dict[str, Any]) -> None
             break
         if not message:
             break  # orderly stop
+        if taken is not None:
+            _COUNTER.pack_into(taken, 0, _COUNTER.unpack_from(taken, 0)[0] + 1)
         try:
             db_path, sql, timeout_s, max_rows, max_bytes = pickle.loads(message)
             result = executor.execute(db_path, sql, timeout_s, max_rows, max_bytes)
@@ -142,15 +155,21 @@ def _worker_main(sock_fd: int, lifeline_fd: int, config: dict[str, Any]) -> None
 class _Worker:
     """One worker process. Only the thread that holds it (it is in ``_busy``) reads its socket."""
 
-    __slots__ = ("_fd_lock", "conn", "lifeline", "proc", "ready", "tasks")
+    __slots__ = ("_fd_lock", "_taken", "conn", "lifeline", "proc", "ready", "sent", "tasks")
 
-    def __init__(self, proc: subprocess.Popen[bytes], conn: Connection, lifeline: int) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], conn: Connection, lifeline: int, taken: mmap.mmap) -> None:
         self.proc = proc
         self.conn = conn
         self.lifeline = lifeline
+        self._taken = taken  # shared with the worker: the queries it took (no message, no wake-up)
         self.ready = False
         self.tasks = 0
+        self.sent = 0  # queries sent to it
         self._fd_lock = threading.Lock()
+
+    def took_last_query(self) -> bool:
+        """Whether the worker received the last query sent to it (read after it died)."""
+        return _COUNTER.unpack_from(self._taken, 0)[0] == self.sent
 
     @property
     def pid(self) -> int:
@@ -255,32 +274,49 @@ class SQLSandbox:
         request = pickle.dumps(
             (db_path, sql, float(timeout_s), int(max_rows), int(max_bytes)), protocol=pickle.HIGHEST_PROTOCOL
         )
-        worker = self._acquire()
-        try:
+        for _ in range(_MAX_UNTAKEN):
+            worker = self._acquire()
             try:
-                worker.conn.send_bytes(request)
-                if not worker.conn.poll(timeout_s + self.kill_grace_s):
-                    self._kill(worker)
-                    return QueryResult(
-                        None,
-                        "timeout",
-                        f"no answer {timeout_s:g}s + {self.kill_grace_s:g}s after the query started (one SQLite "
-                        "step ran past the deadline); its worker process was killed",
-                        time.monotonic() - start,
-                    )
-                reply = worker.conn.recv_bytes()
-            except (EOFError, OSError):
-                code = self._crashed(worker)
+                result = self._run_on(worker, request, timeout_s, start)
+            except BaseException:
+                self._kill(worker)  # interrupted mid-query (KeyboardInterrupt, ...): state unknown
+                raise
+            if result is not None:
+                return result
+        return QueryResult(
+            None,
+            "worker_crashed",
+            f"{_MAX_UNTAKEN} sandbox workers in a row died before they could take the query",
+            time.monotonic() - start,
+        )
+
+    def _run_on(self, worker: _Worker, request: bytes, timeout_s: float, start: float) -> QueryResult | None:
+        """The query's result on ``worker`` (released or removed after), or None if the worker was
+        dead before it took the query (an idle worker the OOM killer or an operator stopped)."""
+        try:
+            worker.sent += 1
+            worker.conn.send_bytes(request)
+            if not worker.conn.poll(timeout_s + self.kill_grace_s):
+                self._kill(worker)
                 return QueryResult(
                     None,
-                    "worker_crashed",
-                    f"the sandbox worker died while running the query (exit code {code})",
+                    "timeout",
+                    f"no answer {timeout_s:g}s + {self.kill_grace_s:g}s after the query started (one SQLite "
+                    "step ran past the deadline); its worker process was killed",
                     time.monotonic() - start,
                 )
-            rows, reason, detail = pickle.loads(reply)
-        except BaseException:
-            self._kill(worker)  # interrupted mid-query (KeyboardInterrupt, ...): state unknown
-            raise
+            reply = worker.conn.recv_bytes()
+        except (EOFError, OSError):
+            code = self._crashed(worker)
+            if not worker.took_last_query():
+                return None
+            return QueryResult(
+                None,
+                "worker_crashed",
+                f"the sandbox worker died while running the query (exit code {code})",
+                time.monotonic() - start,
+            )
+        rows, reason, detail = pickle.loads(reply)
         self._release(worker, recycle=reason == "out_of_memory")
         return QueryResult(rows, reason, detail, time.monotonic() - start)
 
@@ -381,7 +417,11 @@ class SQLSandbox:
         """Start one worker process (returns at once; it reports ready on its socket)."""
         parent_sock, child_sock = socket.socketpair()
         lifeline_r, lifeline_w = os.pipe()
-        config = {"sys_path": self._sys_path, "memory_limit_mb": self.memory_limit_mb}
+        with tempfile.TemporaryFile() as taken_file:  # unlinked: gone with the last mapping
+            taken_file.truncate(_COUNTER.size)
+            taken = mmap.mmap(taken_file.fileno(), _COUNTER.size)
+            taken_fd = os.dup(taken_file.fileno())
+        config = {"sys_path": self._sys_path, "memory_limit_mb": self.memory_limit_mb, "taken_fd": taken_fd}
         try:
             # -S: no site import (.pth files, sitecustomize): the worker gets this interpreter's
             # sys.path explicitly and needs only the standard library and this package
@@ -389,18 +429,20 @@ class SQLSandbox:
                 [sys.executable, "-S", "-c", _BOOT, str(child_sock.fileno()), str(lifeline_r), json.dumps(config)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                pass_fds=(child_sock.fileno(), lifeline_r),
+                pass_fds=(child_sock.fileno(), lifeline_r, taken_fd),
                 close_fds=True,
             )
         except BaseException:
             parent_sock.close()
             os.close(lifeline_w)
+            taken.close()
             raise
         finally:
             child_sock.close()
             os.close(lifeline_r)
+            os.close(taken_fd)
         self.started_pids.append(proc.pid)
-        return _Worker(proc, Connection(parent_sock.detach()), lifeline_w)
+        return _Worker(proc, Connection(parent_sock.detach()), lifeline_w, taken)
 
     def _top_up(self) -> None:
         """Keep ``min_workers`` started (called with the lock held)."""
