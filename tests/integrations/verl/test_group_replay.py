@@ -108,3 +108,53 @@ def test_tool_tokens_do_not_move_the_drift():
     assert stream._fresh_drift(rows) == pytest.approx(before)
     rows[0]["old_log_probs"][0] -= 1.0  # a model token does move it
     assert stream._fresh_drift(rows) > before
+
+
+class _MemoryQueue:
+    """The three TransferQueue calls the scan makes, in memory: what was written, per field."""
+
+    def __init__(self):
+        self.rows: dict[str, dict] = {}
+        self.written_fields: list[set[str]] = []
+
+    def kv_batch_put(self, *, keys, partition_id, fields, tags):
+        self.written_fields.append(set(fields.keys()))
+        for i, key in enumerate(keys):
+            self.rows[key] = {name: fields[name][i] for name in fields.keys()}
+
+    def kv_batch_get(self, *, keys, partition_id, select_fields):
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        return list_of_dict_to_tensordict([{name: self.rows[key][name] for name in select_fields} for key in keys])
+
+    def kv_clear(self, *, keys, partition_id):
+        for key in keys:
+            self.rows.pop(key, None)
+
+
+def test_the_scan_writes_only_what_the_forward_reads(monkeypatch):
+    """The scan's rows carry the tokens verl's forward reads, not the dataset metadata a fresh row
+    has (prompt text, reward model, extra info): those would travel both ways for every scanned row.
+    The log-probs come back per group, in the order of its responses; padding rows are not read."""
+    from verl_replay.integrations.verl import group_replay
+    from verl_replay.integrations.verl.rows import rows_to_group
+
+    queue = _MemoryQueue()
+    monkeypatch.setattr(group_replay, "tq", queue)
+    rows = _multi_turn_rows()
+    for row in rows:
+        row.update(raw_prompt=[{"role": "user", "content": "q"}], data_source="tiny", extra_info={"index": 3})
+    group = rows_to_group(rows, anchor_field="rollout_log_probs")
+
+    def compute_log_prob(meta):  # the actor: log-prob of token t+1 at position t, = -(its id) / 100
+        for key in meta.keys:
+            row = queue.rows[key]
+            row["log_probs"] = torch.cat([-row["input_ids"][1:].float() / 100, torch.zeros(1)])
+
+    scorer = group_replay.PolicyScorer(compute_log_prob, row_multiple=4, temperature=1.0)
+    (log_probs,) = scorer([group])
+    assert queue.written_fields == [{"prompts", "responses", "input_ids", "position_ids", "response_mask", "loss_mask"}]
+    assert set(group_replay.SCAN_FORWARD_FIELDS) >= queue.written_fields[0]
+    expected = torch.cat([-torch.as_tensor(row["responses"]).float() / 100 for row in rows])
+    torch.testing.assert_close(log_probs, expected)
+    assert scorer.forward_rows == 4 and not queue.rows  # 2 rows padded to 4, all cleared

@@ -80,6 +80,19 @@ SCAN_PARTITION = "replay_scan"
 BUFFER_FILE = "group_buffer.pt"
 # What ingress needs of every fresh row to decide (the rest is fetched for admitted groups only).
 INGRESS_DECISION_FIELDS = ("prompts", "responses", "advantages", "response_mask", "extra_fields", "rm_scores")
+# What verl's teacher-forced forward reads of a row (``infer_batch``: the packed tokens and their
+# positions, the response slice, the loss mask's token count, the image inputs): the scan writes
+# only these. The dataset's metadata (prompt text, reward model, extra info) that a fresh row
+# carries would cost a non-tensor stack per field, both ways, for every scanned row.
+SCAN_FORWARD_FIELDS = (
+    "prompts",
+    "responses",
+    "input_ids",
+    "position_ids",
+    "response_mask",
+    "loss_mask",
+    "multi_modal_inputs",
+)
 # verl's per-trajectory tag: the oldest weight version that generated any of its tokens.
 VERSION_TAG = "min_global_steps"
 
@@ -160,7 +173,7 @@ class PolicyScorer:
         rows, owners = [], []
         for position, group in enumerate(groups):
             group_rows = replay_rows(group, uid=f"scan{self._calls}g{group.group_id}", global_steps=0, media=self.media)
-            rows.extend(group_rows)
+            rows.extend({name: row[name] for name in SCAN_FORWARD_FIELDS if name in row} for row in group_rows)
             owners.extend([position] * len(group_rows))
         real = len(rows)
         rows.extend(dict(rows[0]) for _ in range((-real) % self.row_multiple))
