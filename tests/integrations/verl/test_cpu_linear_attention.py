@@ -155,18 +155,39 @@ def test_sequences_of_one_chunk_count_run_together_as_each_would_alone(with_init
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
 
 
-def test_one_fallback_call_per_chunk_count(monkeypatch):
+def test_one_fallback_call_per_chunk_size_and_count(monkeypatch):
     calls = []
 
     def counting(*args, **kwargs):
-        calls.append(args[0].shape[:2])  # [rows, padded length]
+        calls.append((*args[0].shape[:2], kwargs["chunk_size"]))  # rows, padded length, chunk
         return qwen3_5.torch_chunk_gated_delta_rule(*args, **kwargs)
 
     counting.__signature__ = inspect.signature(qwen3_5.torch_chunk_gated_delta_rule)
     kernel = cla.make_packed_chunk_gated_delta_rule(counting)
     q, k, v, g, beta = _qkv(sum(MIXED_SEGMENTS))
     kernel(q, k, v, g=g, beta=beta, cu_seqlens=_offsets(MIXED_SEGMENTS), use_qk_l2norm_in_kernel=True)
-    assert sorted(calls) == [(1, 192), (2, 128), (4, 64)]  # 130 | 70, 65 | 5, 1, 64, 9 (the empty one: none)
+    # 130 | 70, 65 | 64 in 64-token chunks; 5, 1, 9 in one 16-token block; the empty one: no call
+    assert sorted(calls) == [(1, 64, 64), (1, 192, 64), (2, 128, 64), (3, 16, 16)]
+
+
+@pytest.mark.parametrize(
+    ("length", "size"), [(1, 16), (9, 16), (16, 16), (17, 32), (32, 32), (33, 64), (63, 64), (64, 64), (200, 64)]
+)
+def test_block_size_of_a_sequence(length, size):
+    assert cla.block_size(length, 64) == size
+
+
+def test_short_sequences_in_small_blocks_equal_the_fallbacks_default_chunk():
+    """A short answer's 16-token block against the fallback's own 64-token chunk, on it alone."""
+    lengths = (12, 13, 3, 16)
+    q, k, v, g, beta = _qkv(sum(lengths), seed=5)
+    kernel = cla.make_packed_chunk_gated_delta_rule(qwen3_5.torch_chunk_gated_delta_rule)
+    out, states = kernel(
+        q, k, v, g=g, beta=beta, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=_offsets(lengths)
+    )
+    ref_out, ref_states = _each_alone(q, k, v, g, beta, lengths)
+    torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(states, ref_states, rtol=1e-6, atol=1e-6)
 
 
 def test_gated_delta_rule_without_boundaries_is_the_torch_fallback_bit_for_bit():

@@ -133,6 +133,21 @@ def _pad_time(t: torch.Tensor, width: int) -> torch.Tensor:
     return F.pad(t, (0, 0) * (t.dim() - 2) + (0, width - t.shape[1]))
 
 
+# The smallest chunk a short sequence runs in: below it the per-call cost outweighs the padding saved.
+MIN_BLOCK = 16
+
+
+def block_size(length: int, chunk: int) -> int:
+    """The chunk size one sequence of ``length`` tokens runs with: the fallback's own ``chunk`` for
+    a sequence that fills one, else the smallest power of two >= ``length`` (at least
+    ``MIN_BLOCK``). The chunked delta rule is exact for any chunk size; the fallback's inner loop
+    and its [chunk, chunk] matrices grow with it, so a 12-token answer padded to 64 tokens would
+    cost ~16x its 16-token block."""
+    if length >= chunk:
+        return chunk
+    return min(chunk, max(MIN_BLOCK, 1 << (length - 1).bit_length()))
+
+
 def _run_segments_batched(
     fallback: Callable[..., Any],
     chunk: int,
@@ -142,23 +157,26 @@ def _run_segments_batched(
     common: dict[str, Any],
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The packed sequences of ``tensors`` (query, key, value [1, T, H, *]; g, beta [1, T, H]), those
-    of one chunk count as the rows of one ``fallback`` call; outputs back in packed order."""
+    of one chunk size and count as the rows of one ``fallback`` call; outputs back in packed order."""
     query, value = tensors[0], tensors[2]
     segments = _segments(offsets)
-    by_chunks: dict[int, list[int]] = {}
+    by_blocks: dict[tuple[int, int], list[int]] = {}  # (chunk size, chunk count) -> sequences
     for i, (start, end) in enumerate(segments):
         if end > start:
-            by_chunks.setdefault(-(-(end - start) // chunk), []).append(i)
+            size = block_size(end - start, chunk)
+            by_blocks.setdefault((size, -(-(end - start) // size)), []).append(i)
     outputs: list[torch.Tensor | None] = [None] * len(segments)
     finals: list[torch.Tensor | None] = [None] * len(segments)
-    for n_chunks, members in by_chunks.items():
-        width = n_chunks * chunk
+    for (size, n_chunks), members in by_blocks.items():
+        width = n_chunks * size
         rows = [
             torch.cat([_pad_time(t[:, segments[i][0] : segments[i][1]], width) for i in members], dim=0)
             for t in tensors
         ]  # each [b, width, H, *]
         state = initial_state[members] if initial_state is not None else None  # [b, H, K, V]
-        out, final = fallback(*rows[:3], g=rows[3], beta=rows[4], initial_state=state, **common)  # [b, width, H, V]
+        out, final = fallback(
+            *rows[:3], g=rows[3], beta=rows[4], chunk_size=size, initial_state=state, **common
+        )  # [b, width, H, V]
         for row, i in enumerate(members):
             outputs[i] = out[row : row + 1, : segments[i][1] - segments[i][0]]  # [1, t, H, V]
             if common["output_final_state"]:
@@ -186,8 +204,10 @@ def make_packed_chunk_gated_delta_rule(fallback: Callable[..., Any]) -> Callable
     The fallback pads every sequence with zeros to a multiple of its chunk size and runs a Python
     loop per chunk; so the packed sequences that fill the same number of chunks are padded here the
     way the fallback pads each of them and run as the rows of one call (the rows never mix): each
-    sequence gets the fallback's own arithmetic on its own input, in one call per chunk count
-    instead of one per sequence (a micro-batch of 32 short answers: one call, not 32).
+    sequence gets the fallback's own algorithm on its own input, in one call per chunk count
+    instead of one per sequence (a micro-batch of 32 short answers: one call, not 32). A sequence
+    shorter than one chunk runs in a smaller chunk (:func:`block_size`): the same recurrence
+    blocked differently, equal to the default chunk's result up to float rounding.
     """
     chunk = _chunk_size(fallback)
 
