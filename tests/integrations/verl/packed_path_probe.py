@@ -16,7 +16,8 @@ the model classes. Prints one JSON object on its last line: case -> path -> {"ok
 
 ``--bugs`` reruns cases with an injected bug, to show the check catches each: verl 0.9.1's own
 position fix (``_ragged_idx = 2``), our earlier fix (the ragged dimension read from the storage's
-shape, no rebuild), and the model built without the CPU Gated DeltaNet kernels.
+shape, no rebuild), the model built without the CPU Gated DeltaNet kernels, and full attention
+that runs across the packed sequences (the CPU packed attention replaced by unmasked sdpa).
 """
 
 from __future__ import annotations
@@ -182,6 +183,14 @@ def layout_only_fix(data) -> None:
         positions._ragged_idx = 1 if values.shape[0] == total and values.shape[1] != total else 2
 
 
+def unmasked_attention(module, query, key, value, attention_mask, **kwargs):
+    """The bug the CPU packed attention must not have: causal attention over the whole pack."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    kwargs.pop("position_ids", None)
+    return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir")
@@ -196,6 +205,7 @@ def main() -> int:
     assert os.environ.get("VERL_PLATFORM") == "cpu", "run with VERL_PLATFORM=cpu, as a CPU Ray worker"
     import torch.distributed as dist
     from transformers import AutoModelForImageTextToText
+    from transformers.modeling_utils import AttentionInterface
     from transformers.models.qwen3_5 import modeling_qwen3_5
     from verl.models.transformers.monkey_patch import apply_monkey_patch
     from verl.utils import hf_processor
@@ -227,9 +237,13 @@ def main() -> int:
                 "no_cpu_kernels": (bare, verl_fixes.fix_3d_position_ids_by_layout, bugs),
             }
         )
+        variants["attention_across_sequences"] = (model, verl_fixes.fix_3d_position_ids_by_layout, bugs)
     report = {}
+    packed_attention = AttentionInterface._global_mapping["sdpa"]
     for variant, (module, fix, variant_cases) in variants.items():
         engine_base.maybe_fix_3d_position_ids = fix
+        attention = unmasked_attention if variant == "attention_across_sequences" else packed_attention
+        AttentionInterface.register("sdpa", attention)
         engine = make_engine(module)
         report[variant] = {
             name: {
@@ -238,10 +252,12 @@ def main() -> int:
             }
             for name in variant_cases
         }
+    AttentionInterface.register("sdpa", packed_attention)
     layer = model.model.language_model.layers[0].linear_attn
     report["kernels"] = {
         "chunk_gated_delta_rule": getattr(layer.chunk_gated_delta_rule, "__name__", "?"),
         "causal_conv1d_fn": getattr(layer.causal_conv1d_fn, "__name__", None),
+        "attention": packed_attention.__name__,
         "pass_packed_cu_seqlens": make_engine(model).pass_packed_cu_seqlens,
     }
     print(json.dumps(report))

@@ -188,6 +188,7 @@ def test_packed_path_runs_the_cpu_kernels(packed_path_report):
     assert packed_path_report["kernels"] == {
         "chunk_gated_delta_rule": "packed_chunk_gated_delta_rule",
         "causal_conv1d_fn": "packed_causal_conv1d",
+        "attention": "packed_sdpa_attention_forward",
         "pass_packed_cu_seqlens": True,
     }
 
@@ -197,7 +198,8 @@ def test_each_injected_bug_is_caught(packed_path_report):
     """verl's own fix breaks rows of one length on both paths; our earlier (layout-only) fix left the
     packed path with position ids (4B, 1, L) for input ids (1, B*L), the reported crash, and misread
     the square storage; without the CPU kernels the packed rows leak into each other. Mixed lengths
-    (verl's own layout) pass with either fix."""
+    (verl's own layout) pass with either fix. Full attention across the packed sequences leaks
+    them into each other on the packed path only."""
     bugs = packed_path_report
     crash = "The size of tensor a (3) must match the size of tensor b (16)"
     assert crash in bugs["layout_only_position_fix"]["fresh_equal_4"]["packed"]["error"]
@@ -207,5 +209,6 @@ def test_each_injected_bug_is_caught(packed_path_report):
     for variant in ("verl_position_fix", "layout_only_position_fix"):
         assert all(outcome["ok"] for outcome in bugs[variant]["mixed_kinds_mixed_lengths"].values())
     for case in BUG_CASES.split(","):
-        leak = bugs["no_cpu_kernels"][case]
-        assert not leak["packed"]["ok"] and "not close" in leak["packed"]["error"] and leak["padded"]["ok"]
+        for variant in ("no_cpu_kernels", "attention_across_sequences"):
+            leak = bugs[variant][case]
+            assert not leak["packed"]["ok"] and "not close" in leak["packed"]["error"] and leak["padded"]["ok"]

@@ -19,7 +19,10 @@ message when a verl upgrade moves it. The obstacle numbers refer to ``shared/VER
                               ``cpu_linear_attention`` fills the Gated DeltaNet layer's empty kernel
                               slots (transformers private names, listed there) with torch kernels that
                               keep packed sequences apart, so verl's ``use_remove_padding`` path is
-                              exact on CPU (transformers' sdpa masks packed sequences apart itself)
+                              exact on CPU; ``cpu_packed_attention`` computes the full-attention
+                              layers' packed rows within each sequence, as flash-attention's varlen
+                              kernel does (transformers' sdpa would score the whole pack under a
+                              dense mask: quadratic in the pack's tokens)
 Obstacles 2, 3, 6 and 7 are configuration, set in ``verl_replay/config/platform/cpu_tiny.yaml``.
 
 For verl's split placement (``separate_async``) on CPU:
@@ -40,6 +43,7 @@ import functools
 import logging
 
 from verl_replay.integrations.verl.cpu_linear_attention import install_packed_linear_attention_kernels
+from verl_replay.integrations.verl.cpu_packed_attention import install_packed_attention
 from verl_replay.integrations.verl.vl_processor import allow_vl_processor_without_torchvision
 
 logger = logging.getLogger(__name__)
@@ -213,5 +217,6 @@ def install_cpu_support() -> None:
     allow_vl_processor_without_torchvision()
     read_images_without_torchvision()
     install_packed_linear_attention_kernels()
+    install_packed_attention()
     _installed = True
     logger.info("verl_replay: CPU support installed (platform=cpu, engine=fsdp2, rollout=hf)")
