@@ -43,6 +43,38 @@ def test_conv_restarts_at_every_sequence(activation):
         start += n
 
 
+def test_conv_of_two_rows_equals_each_sequence_convolved_alone_with_gradients():
+    """Both rows of a [2, C, T] batch, each with its own packing, against F.conv1d of every sequence
+    by itself (the layer's fallback on that sequence), values and gradients into x and the weight."""
+    gen = torch.Generator().manual_seed(3)
+    channels, width, lengths = 5, 4, ((2, 7, 1, 6), (16,))
+    x = torch.randn(2, channels, 16, generator=gen, requires_grad=True)
+    weight = torch.randn(channels, width, generator=gen, requires_grad=True)
+    seq_idx = torch.stack([torch.cat([torch.full((n,), i) for i, n in enumerate(row)]) for row in lengths])
+    out = cla.packed_causal_conv1d(x=x, weight=weight, seq_idx=seq_idx, activation="silu")
+    expected = []
+    for row, row_lengths in enumerate(lengths):
+        starts = torch.tensor([0, *row_lengths]).cumsum(0).tolist()
+        expected.append(
+            torch.cat(
+                [
+                    F.silu(F.conv1d(x[row : row + 1, :, a:b], weight[:, None], padding=width - 1, groups=channels))[
+                        ..., : b - a
+                    ]
+                    for a, b in zip(starts[:-1], starts[1:], strict=True)
+                ],
+                dim=-1,
+            )
+        )
+    expected = torch.cat(expected)
+    torch.testing.assert_close(out, expected)
+    weights = torch.randn(out.shape, generator=gen)
+    mine = torch.autograd.grad((out * weights).sum(), (x, weight))
+    theirs = torch.autograd.grad((expected * weights).sum(), (x, weight))
+    for a, b in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_conv_without_seq_idx_is_the_layers_own_fallback_bit_for_bit():
     torch.manual_seed(1)
     conv = torch.nn.Conv1d(8, 8, kernel_size=4, groups=8, padding=3, bias=False)
@@ -166,20 +198,19 @@ def test_one_fallback_call_per_chunk_size_and_count(monkeypatch):
     kernel = cla.make_packed_chunk_gated_delta_rule(counting)
     q, k, v, g, beta = _qkv(sum(MIXED_SEGMENTS))
     kernel(q, k, v, g=g, beta=beta, cu_seqlens=_offsets(MIXED_SEGMENTS), use_qk_l2norm_in_kernel=True)
-    # 130 | 70, 65 | 64 in 64-token chunks; 5, 1, 9 in one 16-token block; the empty one: no call
-    assert sorted(calls) == [(1, 64, 64), (1, 192, 64), (2, 128, 64), (3, 16, 16)]
+    # in 16-token chunks: 130 (9 chunks) | 70, 65 (5) | 64 (4) | 5, 1, 9 (1); the empty one: no call
+    assert sorted(calls) == [(1, 64, 16), (1, 144, 16), (2, 80, 16), (3, 16, 16)]
 
 
-@pytest.mark.parametrize(
-    ("length", "size"), [(1, 16), (9, 16), (16, 16), (17, 32), (32, 32), (33, 64), (63, 64), (64, 64), (200, 64)]
-)
-def test_block_size_of_a_sequence(length, size):
-    assert cla.block_size(length, 64) == size
+def test_block_size_of_a_sequence():
+    assert [cla.block_size(n, 64) for n in (1, 16, 17, 200)] == [16, 16, 16, 16]
+    assert cla.block_size(5, 8) == 8  # never above the fallback's own chunk
 
 
-def test_short_sequences_in_small_blocks_equal_the_fallbacks_default_chunk():
-    """A short answer's 16-token block against the fallback's own 64-token chunk, on it alone."""
-    lengths = (12, 13, 3, 16)
+def test_packed_chunks_equal_the_fallbacks_default_chunk():
+    """16-token chunks against the fallback's own 64-token chunk on each sequence alone, from short
+    answers to several default chunks."""
+    lengths = (12, 13, 3, 16, 64, 97, 200)
     q, k, v, g, beta = _qkv(sum(lengths), seed=5)
     kernel = cla.make_packed_chunk_gated_delta_rule(qwen3_5.torch_chunk_gated_delta_rule)
     out, states = kernel(
