@@ -121,12 +121,73 @@ def test_everything_else_is_transformers_sdpa_bit_for_bit(case):
     elif case == "no positions":
         kwargs = {}
     elif case == "sliding window":
-        module = _Attention(sliding_window=4)
+        module, mask = _Attention(sliding_window=4), _random_mask(12)
     elif case == "not causal":
-        module.is_causal = False
+        module.is_causal, mask = False, _random_mask(12)
     ours = cpa.packed_sdpa_attention_forward(module, q, k, v, mask, scaling=0.3, **kwargs)[0]
     theirs = sdpa_attention.sdpa_attention_forward(module, q, k, v, mask, scaling=0.3, **kwargs)[0]
     assert torch.equal(ours, theirs)
+
+
+def _random_mask(total: int) -> torch.Tensor:
+    mask = torch.rand(1, 1, total, total, generator=torch.Generator().manual_seed(9)) > 0.5
+    mask[..., torch.arange(total), torch.arange(total)] = True  # every query sees itself
+    return mask
+
+
+@pytest.mark.parametrize("module", [_Attention(sliding_window=4), _Attention(groups=2)], ids=["window", "not causal"])
+def test_a_packed_row_without_its_mask_is_refused_where_attention_is_not_causal_within_sequences(module):
+    module.is_causal = module.sliding_window is not None
+    q, k, v = _qkv(12, seed=4)
+    with pytest.raises(NotImplementedError, match="packed sequences without a mask"):
+        cpa.packed_sdpa_attention_forward(module, q, k, v, None, scaling=0.3, position_ids=_positions((5, 7)))
+
+
+class _Config:
+    _attn_implementation = "sdpa"
+
+
+def _mask_calls(**changes):
+    calls = []
+
+    def create_causal_mask(config, inputs_embeds, attention_mask, past_key_values, position_ids=None, **overlays):
+        calls.append(overlays)
+        return "built"
+
+    args = {
+        "config": _Config(),
+        "inputs_embeds": torch.zeros(1, 12, 4),
+        "attention_mask": None,
+        "past_key_values": None,
+        "position_ids": _positions((5, 7)),
+    }
+    args.update(changes)
+    result = cpa.skip_mask_of_packed_rows(create_causal_mask)(**args)
+    return result, calls
+
+
+def test_the_mask_of_a_packed_row_is_not_built():
+    assert _mask_calls() == (None, [])
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"inputs_embeds": torch.zeros(2, 12, 4), "position_ids": torch.cat([_positions((5, 7))] * 2)},
+        {"attention_mask": torch.ones(1, 12)},
+        {"past_key_values": object()},
+        {"position_ids": _positions((12,))},
+        {"position_ids": None},
+        {"or_mask_function": lambda *a: True},
+        {"block_sequence_ids": torch.zeros(1, 12)},
+    ],
+    ids=["two rows", "padding mask", "cache", "one sequence", "no positions", "overlay", "blocks"],
+)
+def test_every_other_mask_is_built(changes):
+    assert _mask_calls(**changes)[0] == "built"
+    config = _Config()
+    config._attn_implementation = "eager"
+    assert _mask_calls(config=config)[0] == "built"
 
 
 def test_segments_split_where_transformers_splits():
@@ -141,9 +202,16 @@ def test_transformers_names_exist(module_name, attribute):
     )
 
 
-def test_installed_in_the_sdpa_slot():
+def test_installed_in_the_sdpa_slot_and_the_qwen3_5_masks():
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
     from verl_replay.integrations.verl import cpu_support
 
     cpu_support.install_cpu_support()
     assert AttentionInterface()["sdpa"] is cpa.packed_sdpa_attention_forward
+    assert modeling_qwen3_5.create_causal_mask._verl_replay_packed
     assert cpa.install_packed_attention() == cpa.install_packed_attention()  # idempotent
+    wrapped = modeling_qwen3_5.create_causal_mask
+    cpa._installed.clear()
+    cpa.install_packed_attention()  # installing again never wraps twice
+    assert modeling_qwen3_5.create_causal_mask is wrapped

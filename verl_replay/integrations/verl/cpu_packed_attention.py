@@ -13,24 +13,35 @@ transformers reads them to build its mask) are grouped by length, and each group
 of one causal ``scaled_dot_product_attention`` call: the same scores, softmax and sum per
 sequence as the masked call, without the masked-out pairs. Anything else (a batch of several
 rows, a KV cache, one sequence, a sliding window, a non-causal module) goes to transformers' own
-``sdpa_attention_forward`` unchanged, so generation and padded training are untouched.
+``sdpa_attention_forward`` unchanged, so generation and padded training are untouched. For
+Qwen3.5 models the packed row's dense mask, which this never reads, is not built either
+(:func:`skip_mask_of_packed_rows`).
 
 Imports torch and transformers only; verl's CPU support installs it in every process.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+# The model modules whose causal mask is skipped for packed rows (their full-attention layers
+# have no sliding window and no mask overlays: a packed row's mask is causal-within-sequence).
+QWEN3_5_MODULES = (
+    "transformers.models.qwen3_5.modeling_qwen3_5",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+)
 # (module, attribute) of the transformers names this module reads or rebinds.
 PRIVATE_API_PATCHES: tuple[tuple[str, str], ...] = (
     ("transformers.integrations.sdpa_attention", "sdpa_attention_forward"),
     ("transformers.integrations.sdpa_attention", "repeat_kv"),
     ("transformers.masking_utils", "find_packed_sequence_indices"),
     ("transformers.modeling_utils", "AttentionInterface"),
+    *((module, "create_causal_mask") for module in QWEN3_5_MODULES),
 )
 
 ATTENTION_SLOT = "sdpa"
@@ -52,11 +63,14 @@ def packed_segments(position_ids: torch.Tensor) -> list[tuple[int, int]] | None:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-def _is_packed_self_attention(module: Any, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:
+def _packed_row(query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None) -> bool:
+    """One row, no cached keys (prefill or training, not decoding), position ids to split it by."""
+    return query.shape[0] == 1 and query.shape[2] == key.shape[2] and position_ids is not None
+
+
+def _causal_within_sequences(module: Any, is_causal: bool | None, kwargs: dict) -> bool:
     return (
-        query.shape[0] == 1
-        and query.shape[2] == key.shape[2]  # no cached keys: prefill or training, not decoding
-        and kwargs.get("position_ids") is not None
+        is_causal is not False
         and getattr(module, "is_causal", True)
         and getattr(module, "sliding_window", None) is None
         and not kwargs.get("output_attentions", False)
@@ -110,9 +124,15 @@ def packed_sdpa_attention_forward(
     (``query`` [1, H, T, d], ``key`` / ``value`` [1, H_kv, T, d] -> ([1, T, H, d], None))."""
     from transformers.integrations import sdpa_attention
 
-    segments = None
-    if is_causal is not False and _is_packed_self_attention(module, query, key, kwargs):
-        segments = packed_segments(kwargs["position_ids"])
+    position_ids = kwargs.get("position_ids")
+    segments = packed_segments(position_ids) if _packed_row(query, key, position_ids) else None
+    if segments is not None and not _causal_within_sequences(module, is_causal, kwargs):
+        if attention_mask is None:  # the mask was skipped for a packed row (see skip_mask_of_packed_rows)
+            raise NotImplementedError(
+                f"{type(module).__name__}: packed sequences without a mask need causal attention with no sliding "
+                "window; verl_replay's CPU packed attention skips the mask for Qwen3.5 models only"
+            )
+        segments = None
     if segments is None:
         return sdpa_attention.sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
@@ -123,12 +143,60 @@ def packed_sdpa_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+def skip_mask_of_packed_rows(create_causal_mask: Callable[..., Any]) -> Callable[..., Any]:
+    """A model module's ``create_causal_mask`` that builds nothing for a packed sdpa row.
+
+    transformers builds a packed row's ``[T, T]`` mask from the position ids; the packed attention
+    reads the same sequences from the same position ids and never uses it (a tenth of a scan
+    pass's forward on the tiny model). Any other call (padding, a cache, overlays, another
+    attention implementation, one sequence) builds the mask as before."""
+
+    @functools.wraps(create_causal_mask)
+    def create(
+        config: Any,
+        inputs_embeds: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Any,
+        position_ids: torch.Tensor | None = None,
+        **overlays: Any,
+    ) -> Any:
+        packed = (
+            getattr(config, "_attn_implementation", None) == ATTENTION_SLOT
+            and attention_mask is None
+            and past_key_values is None
+            and not any(value is not None for value in overlays.values())
+            and inputs_embeds.shape[0] == 1
+            and position_ids is not None
+            and packed_segments(position_ids) is not None
+        )
+        if packed:
+            return None
+        return create_causal_mask(config, inputs_embeds, attention_mask, past_key_values, position_ids, **overlays)
+
+    create._verl_replay_packed = True  # type: ignore[attr-defined]
+    return create
+
+
 def install_packed_attention() -> list[str]:
-    """Put :func:`packed_sdpa_attention_forward` in transformers' ``"sdpa"`` attention slot;
-    idempotent. Models look the slot up at every forward, so models built earlier use it too."""
+    """Put :func:`packed_sdpa_attention_forward` in transformers' ``"sdpa"`` attention slot and skip
+    the Qwen3.5 models' mask of packed rows; idempotent. Models look both up at every forward, so
+    models built earlier use them too."""
+    import importlib
+
     from transformers.modeling_utils import AttentionInterface
 
-    if not _installed:
-        AttentionInterface.register(ATTENTION_SLOT, packed_sdpa_attention_forward)
-        _installed.append(f"transformers AttentionInterface[{ATTENTION_SLOT!r}]")
+    if _installed:
+        return list(_installed)
+    AttentionInterface.register(ATTENTION_SLOT, packed_sdpa_attention_forward)
+    _installed.append(f"transformers AttentionInterface[{ATTENTION_SLOT!r}]")
+    for name in QWEN3_5_MODULES:
+        module = importlib.import_module(name)
+        if not hasattr(module, "create_causal_mask"):
+            raise RuntimeError(
+                f"verl_replay's CPU packed attention wraps {name}.create_causal_mask, which this transformers "
+                "version does not have; verl_replay pins transformers==5.9.0"
+            )
+        if not getattr(module.create_causal_mask, "_verl_replay_packed", False):
+            module.create_causal_mask = skip_mask_of_packed_rows(module.create_causal_mask)
+        _installed.append(f"{name}.create_causal_mask")
     return list(_installed)
