@@ -207,3 +207,34 @@ def test_gpu_runs_leave_rays_worker_niceness_alone(monkeypatch):
     monkeypatch.delenv("RAY_worker_niceness", raising=False)
     prepare_platform(OmegaConf.create({"trainer": {"device": "cuda"}}))
     assert "RAY_worker_niceness" not in os.environ
+
+
+@pytest.mark.parametrize("shape", [(37, 11), (2, 19, 11)])
+def test_token_log_probs_equal_verls_row_loop_bit_for_bit(monkeypatch, shape):
+    """The engine's token log-probs in row blocks against verl's own float32 path (one logsumexp per
+    row), values and gradients, with blocks that do not divide the rows."""
+    from verl.utils.torch_functional import logprobs_from_logits_v2
+
+    monkeypatch.setattr(cpu_support, "LOG_PROB_ROW_BLOCK", 7)
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(*shape, generator=gen) * 4).requires_grad_()
+    labels = torch.randint(0, shape[-1], shape[:-1], generator=gen)
+    ours = cpu_support.log_probs_in_row_blocks(logits, labels)
+    verls = logprobs_from_logits_v2(logits, labels)
+    assert ours.shape == verls.shape and torch.equal(ours, verls)
+    weights = torch.randn(ours.shape, generator=gen)
+    (mine,) = torch.autograd.grad((ours * weights).sum(), logits)
+    (theirs,) = torch.autograd.grad((verls * weights).sum(), logits)
+    torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
+
+
+def test_the_engine_takes_token_log_probs_in_row_blocks(monkeypatch):
+    from verl.workers.engine.fsdp import transformer_impl
+
+    engine_fn = transformer_impl.logprobs_from_logits
+    assert engine_fn._verl_replay_blocks
+    seen = []
+    monkeypatch.setattr(cpu_support, "log_probs_in_row_blocks", lambda *a: seen.append("blocks") or a[0][..., 0])
+    engine_fn(torch.zeros(3, 5), torch.zeros(3, dtype=torch.long))
+    engine_fn(torch.zeros(3, 5, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.long))  # verl's own bf16 path
+    assert seen == ["blocks"]

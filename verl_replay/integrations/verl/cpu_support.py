@@ -33,6 +33,10 @@ For verl's split placement (``separate_async``) on CPU:
                               snapshot of pi_old that later update rounds restore is taken with
                               ``.cpu()``, which on CPU returns the live parameter itself: without a
                               copy, old log-probs of rounds >= 2 would use the current weights.
+- token log-probs ........... private: the FSDP engine module's ``logprobs_from_logits`` name. Without
+                              flash-attn's cross-entropy kernel verl takes ``logprobs_from_logits_v2``,
+                              which loops over the packed tokens one logsumexp at a time (a tenth of a
+                              scan's forward on the tiny model); the same arithmetic in row blocks here
 - sampler poll .............. private: ``ReplayBuffer.poll_interval`` (a fixed 2 s sleep between
                               TransferQueue polls, most of a tiny CPU step; shortened here only)
 """
@@ -41,6 +45,8 @@ from __future__ import annotations
 
 import functools
 import logging
+
+import torch
 
 from verl_replay.integrations.verl.cpu_linear_attention import install_packed_linear_attention_kernels
 from verl_replay.integrations.verl.cpu_packed_attention import install_packed_attention
@@ -57,6 +63,8 @@ PRIVATE_API_PATCHES: tuple[tuple[str, str], ...] = (
     ("verl.workers.engine_workers", "initialize_global_process_group_ray"),
     ("verl.utils.fsdp_utils", "fsdp2_sharded_save_to_cpu"),
     ("verl.trainer.ppo.v1.replay_buffer", "ReplayBuffer"),
+    ("verl.workers.engine.fsdp.transformer_impl", "logprobs_from_logits"),
+    ("verl.utils.torch_functional", "FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE"),
 )
 # Seconds between the sampler's TransferQueue polls on CPU (verl: 2.0). Tiny rollouts finish in
 # well under a second, so verl's interval would make every CPU step mostly sleep.
@@ -181,6 +189,41 @@ def shorten_sampler_poll() -> None:
     sampler_cls.__init__ = init_short_poll
 
 
+# Rows of logits per logsumexp call: verl's loop is per row to bound the [rows, vocab] temporary.
+LOG_PROB_ROW_BLOCK = 1024
+
+
+def log_probs_in_row_blocks(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits)[label]`` as verl's float32 path computes it (the label's logit minus the
+    row's logsumexp), ``LOG_PROB_ROW_BLOCK`` rows per call instead of one: ``logits`` [T, V] (or
+    [B, T, V]), ``labels`` [T] -> [T]."""
+    label_logits = torch.gather(logits, dim=-1, index=labels.unsqueeze(-1)).squeeze(-1)
+    rows = logits.reshape(-1, logits.shape[-1])  # [N, V]
+    normalisers = torch.cat([torch.logsumexp(block, dim=-1) for block in rows.split(LOG_PROB_ROW_BLOCK)])
+    return label_logits - normalisers.view(label_logits.shape)
+
+
+def vectorise_token_log_probs() -> None:
+    """verl's engine computes token log-probs with ``logprobs_from_logits``; where flash-attn's
+    kernel is missing and the logits are float32/64 it loops over rows. Same values, row blocks."""
+    from verl.utils import torch_functional as verl_F
+    from verl.workers.engine.fsdp import transformer_impl
+
+    original = _require(transformer_impl, "logprobs_from_logits")
+    if getattr(original, "_verl_replay_blocks", False):
+        return
+    _require(verl_F, "FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE")
+
+    @functools.wraps(original)
+    def logprobs_from_logits(logits, labels, inplace_backward=True):
+        if verl_F.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE or logits.dtype not in (torch.float32, torch.float64):
+            return original(logits, labels, inplace_backward=inplace_backward)
+        return log_probs_in_row_blocks(logits, labels)
+
+    logprobs_from_logits._verl_replay_blocks = True
+    transformer_impl.logprobs_from_logits = logprobs_from_logits
+
+
 def read_images_without_torchvision() -> None:
     """Image prompts on a host without torchvision: verl's dataset reads a prompt's pictures with
     ``qwen_vl_utils``, which imports torchvision at module top (its image path does not use it);
@@ -213,6 +256,7 @@ def install_cpu_support() -> None:
     register_hf_rollout()
     copy_old_policy_snapshot()
     shorten_sampler_poll()
+    vectorise_token_log_probs()
     register_cpu_checkpoint_engine()
     allow_vl_processor_without_torchvision()
     read_images_without_torchvision()
