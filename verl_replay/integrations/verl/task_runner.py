@@ -7,14 +7,44 @@ new mode names. This runner does what ``TaskRunnerV1.run`` does, resolving the t
 verl's runner pprints the whole config (~950 lines); this one does so only with ``verbose=true``
 (the driver writes the same config to ``<run_dir>/config.yaml``). ``metrics.jsonl`` is written
 by :mod:`~verl_replay.integrations.verl.metrics_file` (whole lines) instead of verl's file logger.
+Before it starts TransferQueue it makes sure no other run's queue lives on the Ray cluster
+(:func:`wait_for_free_transfer_queue`): runs that join one cluster one after the other are safe,
+two at once are refused.
 """
 
 from __future__ import annotations
 
+import time
 from pprint import pprint
 
 import ray
 from omegaconf import DictConfig, OmegaConf
+
+# TransferQueue's controller: one named actor per Ray cluster (transfer_queue.interface.init). A
+# second run's ``tq.init`` on the same cluster does not fail: it attaches to the first run's queue,
+# and the two trainers then read each other's batches.
+TQ_CONTROLLER_NAME, TQ_NAMESPACE = "TransferQueueController", "transfer_queue"
+# A finished run's controller is killed as it ends (tq.close, or Ray when its driver exits); the
+# next run on the same cluster waits this long for it before refusing to start.
+TQ_RELEASE_TIMEOUT_S = 60.0
+
+
+def wait_for_free_transfer_queue(timeout_s: float = TQ_RELEASE_TIMEOUT_S, poll_s: float = 0.5) -> None:
+    """Return once no TransferQueue controller is alive on this Ray cluster; raise if one stays."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get_actor(TQ_CONTROLLER_NAME, namespace=TQ_NAMESPACE)
+        except ValueError:  # no live actor holds the name
+            return
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"this Ray cluster already runs a TransferQueue (actor {TQ_CONTROLLER_NAME!r} in namespace "
+                f"{TQ_NAMESPACE!r}, still alive after {timeout_s:.0f} s): another verl run is using the cluster. "
+                "TransferQueue is one per Ray cluster, so two runs on it would read each other's batches: run one "
+                "job at a time on a cluster, or give each run its own (without RAY_ADDRESS a run starts its own)"
+            )
+        time.sleep(poll_s)
 
 
 @ray.remote
@@ -53,6 +83,7 @@ class ReplayTaskRunner:
         OmegaConf.resolve(config)
         self.config = config
 
+        wait_for_free_transfer_queue()
         tq.init(config.transfer_queue)
         succeeded = False
         try:
