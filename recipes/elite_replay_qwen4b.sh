@@ -74,7 +74,7 @@ if is_tiny_shapes; then
   # training question; the evaluation draws 16 answers per held-out question (pass@k, distinct shapes)
   : "${TOTAL_STEPS:=60}" "${TRAIN_PROMPTS:=8}" "${GROUP_SIZE:=8}" "${PPO_MINI_PROMPTS:=4}" "${LR:=2e-4}"
   : "${LR_WARMUP_STEPS:=10}" "${MAX_RESPONSE_LENGTH:=32}" "${MAX_PROMPT_LENGTH:=64}" "${TEST_FREQ:=10}"
-  : "${VAL_N:=4}" "${VAL_TEMPERATURE:=1.0}" "${ELITE_BATCH_SIZE:=8}"
+  : "${VAL_N:=2}" "${VAL_TEMPERATURE:=1.0}" "${ELITE_BATCH_SIZE:=8}"
   : "${SEARCH_LIMIT:=}" "${SEARCH_SEEDS:=8}" "${SEARCH_MUTATIONS:=0}" "${SEARCH_BATCH_SIZE:=512}"
   : "${EVAL_N:=16}" "${EVAL_K:=1,4,16}" "${EVAL_LIMIT:=}"
 fi

@@ -105,7 +105,7 @@ if is_tiny_arith; then
   # GRPO's settings for the tiny addition task: lr 2e-4 warmed up over 10 optimiser steps, held-out
   # validation (256 problems x VAL_N samples) every 10 global steps
   : "${TOTAL_STEPS:=60}" "${TRAIN_PROMPTS:=8}" "${GROUP_SIZE:=8}" "${PPO_MINI_PROMPTS:=4}"
-  : "${MAX_RESPONSE_LENGTH:=8}" "${LR:=2e-4}" "${LR_WARMUP_STEPS:=10}" "${TEST_FREQ:=10}" "${K_REP:=4}"
+  : "${MAX_RESPONSE_LENGTH:=8}" "${LR:=2e-4}" "${LR_WARMUP_STEPS:=10}" "${TEST_FREQ:=10}" "${K_REP:=4}" "${VAL_N:=2}"
   # the gate passes few of its groups (a scan reaches ~200 groups by step 30): 16 groups a forward
   # pass as at paper scale, not the toy 2 (whose ~100 passes a step cost ~30 s)
   : "${SCAN_CHUNK_GROUPS:=16}"

@@ -104,7 +104,7 @@ def test_arith_profile_runs_the_headroom_drift_comparison_on_the_addition_task(t
     assert by["naive"].env["K_REP"] == by["headroom_drift"].env["K_REP"] == "4"
     for run in plan.runs:
         assert run.env["TINY_TASK"] == "arith" and run.env["TINY"] == "1" and run.env["STAGES"] == "train"
-        assert run.env["TOTAL_STEPS"] == "60" and run.env["TEST_FREQ"] == "10" and run.env["VAL_N"] == "4"
+        assert run.env["TOTAL_STEPS"] == "60" and run.env["TEST_FREQ"] == "10" and run.env["VAL_N"] == "2"
         assert run.env["GROUP_SIZE"] == "8" and run.env["PPO_MINI_PROMPTS"] == "4"
     # the addition task has no SQL archive: the elite comparison is refused, naming what runs
     with pytest.raises(ValueError, match="arith profile has no task for elite; it runs headroom_drift"):
@@ -119,7 +119,7 @@ def test_shapes_profile_runs_the_elite_comparison_on_the_query_shapes_task(tmp_p
     by_seed = {(r.arm.name, r.seed): r for r in plan.runs}
     for run in plan.runs:
         assert run.env["TINY_TASK"] == "shapes" and run.env["TINY"] == "1" and run.env["STAGES"] == "train,eval"
-        assert run.env["TOTAL_STEPS"] == "60" and run.env["TEST_FREQ"] == "10" and run.env["VAL_N"] == "4"
+        assert run.env["TOTAL_STEPS"] == "60" and run.env["TEST_FREQ"] == "10" and run.env["VAL_N"] == "2"
         assert run.env["TRAIN_PROMPTS"] == "8" and run.env["EVAL_N"] == "16" and run.env["EVAL_K"] == "1,4,16"
         assert "EVAL_LIMIT" not in run.env  # every held-out question
     # the arms of a seed differ only in the strategy and its archive: same prompts, same sampler
@@ -198,3 +198,31 @@ def test_cli_dry_run_prints_every_command(tmp_path):
     gated = [line for line in lines if "recipes/headroom_drift_math.sh" in line and "TAU=1e+09 " not in line]
     assert len(gated) == 6 and all(f"TAU={tau_rule():g} " in line for line in gated), gated
     assert sum("TAU=" in line for line in lines) == 9
+
+
+def test_gated_arms_are_expected_to_take_longest(tmp_path):
+    plan = _plan(tmp_path, comparisons=["headroom_drift"], profile=arith_profile(), seeds=[1])
+    costs = {r.arm.name: r.arm.relative_cost for r in plan.runs}
+    assert costs["headroom_drift"] == costs["drift_only"] > costs["grpo_matched"] == costs["headroom_only"] == 1.0
+
+
+def test_cli_dry_run_of_several_profiles(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "verl_replay.compare", "--profile", "arith,shapes", "--dry-run", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = [line for line in out.stdout.splitlines() if line.startswith("env ")]
+    assert len(lines) == 3 * 7 + 1 + 3 * 4  # arith's arms, shapes' archive search and arms, 3 seeds
+    assert sum(f"RUN_DIR={tmp_path}/arith/runs/" in line for line in lines) == 21
+    assert sum(f"RUN_DIR={tmp_path}/shapes/runs/" in line for line in lines) == 12
+    for bad in (
+        ["--profile", "arith,nope"],
+        ["--profile", "arith,arith"],
+        ["--profile", "arith,shapes", "--arms", "naive"],
+    ):
+        run = subprocess.run(
+            [sys.executable, "-m", "verl_replay.compare", "--dry-run", *bad], capture_output=True, text=True
+        )
+        assert run.returncode == 2 and ("--profile" in run.stderr or "--arms" in run.stderr), run.stderr

@@ -88,3 +88,48 @@ def test_jobs_run_side_by_side_and_records_keep_plan_order(tmp_path):
     assert any(": ok in" in line for line in lines[:started_c])
     with pytest.raises(ValueError, match="jobs must be >= 1"):
         run_plan(_plan(tmp_path, runs), say=lines.append, jobs=0)
+
+
+def test_run_order_is_seed_by_seed_longest_first_across_profiles(tmp_path):
+    from verl_replay.compare.plan import arith_profile, build_plan, shapes_profile
+    from verl_replay.compare.runner import run_order
+
+    recipes = Path(__file__).resolve().parents[2] / "recipes"
+
+    def plan(profile, comparison):
+        return build_plan(
+            comparisons=[comparison],
+            profile=profile,
+            seeds=[2, 1],
+            out_dir=tmp_path / profile.name,
+            recipes_dir=recipes,
+            python="python",
+        )
+
+    plans = [plan(arith_profile(), "headroom_drift"), plan(shapes_profile(), "elite")]
+    order = [(plans[i].profile.name, run.seed, run.arm.name) for i, run in run_order(plans)]
+    assert len(order) == 2 * (7 + 4) and [seed for _, seed, _ in order] == [2] * 11 + [1] * 11
+    first_seed = order[:11]
+    assert [arm for _, _, arm in first_seed[:2]] == ["headroom_drift", "drift_only"]  # the gated arms
+    assert {arm for profile, _, arm in first_seed[2:6]} == {"grpo", "elite_iid", "elite", "elite_mu0"}
+    assert [arm for _, _, arm in first_seed[6:]] == [
+        "grpo_matched",
+        "grpo_larger",
+        "naive",
+        "headroom_only",
+        "grpo_control",
+    ]
+
+
+def test_several_plans_run_in_one_queue_and_report_apart(tmp_path):
+    from verl_replay.compare.runner import run_plans
+
+    plans = [_plan(tmp_path / "a", [_spec(tmp_path / "a", "x", "print(1)")]), _plan(tmp_path / "b", [])]
+    plans[1] = Plan(
+        profile=tiny_profile(), tau=0.06, out_dir=tmp_path / "b", archive=None, search=None,
+        runs=[_spec(tmp_path / "b", "x", "import sys; sys.exit(4)")],
+    )  # fmt: skip
+    lines: list[str] = []
+    first, second = run_plans(plans, say=lines.append, jobs=2)
+    assert first["headroom_drift/x/seed1"]["returncode"] == 0 and second["headroom_drift/x/seed1"]["returncode"] == 4
+    assert any("tiny/headroom_drift/x/seed1" in line for line in lines)  # the profile names each line

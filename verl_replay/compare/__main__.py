@@ -4,6 +4,7 @@
     python -m verl_replay.compare --comparison headroom_drift --seeds 1,2,3,4,5
     python -m verl_replay.compare --profile arith --jobs 2          # the learnable addition task, 2 runs at once
     python -m verl_replay.compare --profile shapes --jobs 2         # SQL with several right query shapes (elite)
+    python -m verl_replay.compare --profile arith,shapes --jobs 2   # both papers' learnable comparisons, one queue
     python -m verl_replay.compare --profile paper --dry-run         # print every arm's command (GPU cluster)
     DRY_RUN=1 python -m verl_replay.compare --profile paper         # the same
 
@@ -51,6 +52,14 @@ def _seeds(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _profiles(text: str) -> list[str]:
+    names = _csv(text)
+    unknown = [name for name in names if name not in PROFILES]
+    if unknown or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected distinct names of {', '.join(PROFILES)}, got {text!r}")
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m verl_replay.compare",
@@ -65,11 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--profile",
-        choices=PROFILES,
-        default="tiny",
+        type=_profiles,
+        default=["tiny"],
         help="tiny: CPU, minutes (default); arith: CPU, the learnable addition task (GRPO learns); "
         "shapes: CPU, SQL questions with three right query shapes (GRPO vs archive replay); "
-        "paper: the recipes' paper-scale settings (GPU cluster)",
+        "paper: the recipes' paper-scale settings (GPU cluster). Comma-separated for several in one "
+        "queue (arith,shapes: both papers' learnable comparisons), each into OUT/<profile>",
     )
     p.add_argument("--seeds", type=_seeds, default=[1, 2, 3], help="comma-separated seeds (default: 1,2,3)")
     p.add_argument(
@@ -130,31 +140,38 @@ def _dry_run_env() -> bool:
     return os.environ.get("DRY_RUN", "0").strip().lower() in ("1", "true", "yes")
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
+MAKE_PROFILE = {"tiny": tiny_profile, "arith": arith_profile, "shapes": shapes_profile, "paper": paper_profile}
+
+
+def make_plans(args: argparse.Namespace) -> list[Plan]:
+    """One plan per ``--profile``; several profiles write into ``OUT/<profile>``."""
     for name in ("steps", "test_freq", "val_n", "jobs"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.tau is not None and not args.tau > 0:
         raise ValueError(f"--tau must be > 0, got {args.tau}")
-    make_profile = {
-        "tiny": tiny_profile,
-        "arith": arith_profile,
-        "shapes": shapes_profile,
-        "paper": paper_profile,
-    }[args.profile]
-    profile = make_profile(args.steps, args.test_freq, args.val_n)
-    out = Path(args.out or f"outputs/compare_{args.profile}")
-    return build_plan(
-        comparisons=args.comparison if args.comparison is not None else list(profile.comparisons),
-        profile=profile,
-        seeds=args.seeds,
-        out_dir=out,
-        recipes_dir=_recipes_dir(args.recipes_dir),
-        python=args.python,
-        arms=args.arms,
-        tau=args.tau,
-    )
+    names = args.profile if isinstance(args.profile, list) else [args.profile]
+    several = len(names) > 1
+    if several and (args.comparison is not None or args.arms):
+        raise ValueError("--comparison and --arms choose within one profile; run several profiles whole")
+    out = Path(args.out or f"outputs/compare_{'_'.join(names)}")
+    plans = []
+    for name in names:
+        profile = MAKE_PROFILE[name](args.steps, args.test_freq, args.val_n)
+        plans.append(
+            build_plan(
+                comparisons=args.comparison if args.comparison is not None else list(profile.comparisons),
+                profile=profile,
+                seeds=args.seeds,
+                out_dir=out / name if several else out,
+                recipes_dir=_recipes_dir(args.recipes_dir),
+                python=args.python,
+                arms=args.arms,
+                tau=args.tau,
+            )
+        )
+    return plans
 
 
 def print_plan(plan: Plan) -> None:
@@ -260,35 +277,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return report_from_json(Path(args.from_json), Path(args.out) if args.out else None)
     dry_run = args.dry_run or _dry_run_env()
     try:
-        plan = make_plan(args)
+        plans = make_plans(args)
     except ValueError as exc:
         print(f"python -m verl_replay.compare: {exc}", file=sys.stderr)
         return 2
     if dry_run:
-        print_plan(plan)
+        for plan in plans:
+            print_plan(plan)
         return 0
     from verl_replay.compare.report import format_table, write_outputs
-    from verl_replay.compare.runner import run_plan
+    from verl_replay.compare.runner import run_plans
 
     start = time.monotonic()
-    records: dict[str, dict[str, Any]] = {}
+    all_records: list[dict[str, dict[str, Any]]] = [{} for _ in plans]
     if not args.report_only:
-        records = run_plan(plan, time_budget_s=args.time_budget, jobs=args.jobs)
+        all_records = run_plans(plans, time_budget_s=args.time_budget, jobs=args.jobs)
     wall = None if args.report_only else time.monotonic() - start
-    document = collect_document(plan, records, wall)
-    paths = write_outputs(plan.out_dir, document)
-    for comp in document["comparisons"]:
-        print(f"\n## {comp['comparison']}\n")
-        print(format_table(comp))
-    for problem in document["problems"]:
-        print(f"[compare] missing: {problem}", file=sys.stderr)
-    print(
-        f"[compare] wrote {paths['json']}, {paths['table']}, {paths['png']}"
-        + (f" (wall time {wall:.0f}s)" if wall is not None else ""),
-        file=sys.stderr,
-    )
-    failed = [k for k, r in records.items() if r.get("returncode") not in (0,)]
-    return 1 if failed or document["problems"] else 0
+    problems = failed = False
+    for plan, records in zip(plans, all_records, strict=True):
+        document = collect_document(plan, records, wall)
+        if len(plans) > 1:  # the wall time is the whole command's, every profile's runs included
+            document["command_profiles"] = [p.profile.name for p in plans]
+        paths = write_outputs(plan.out_dir, document)
+        for comp in document["comparisons"]:
+            print(f"\n## {comp['comparison']}" + (f" ({plan.profile.name})" if len(plans) > 1 else "") + "\n")
+            print(format_table(comp))
+        for problem in document["problems"]:
+            print(f"[compare] missing: {problem}", file=sys.stderr)
+        print(f"[compare] wrote {paths['json']}, {paths['table']}, {paths['png']}", file=sys.stderr)
+        problems = problems or bool(document["problems"])
+        failed = failed or any(r.get("returncode") not in (0,) for r in records.values())
+    if wall is not None:
+        print(f"[compare] wall time {wall:.0f}s", file=sys.stderr)
+    return 1 if failed or problems else 0
 
 
 if __name__ == "__main__":

@@ -64,6 +64,9 @@ class Arm:
     recipe: str  # path relative to recipes/
     env: dict[str, str] = field(default_factory=dict)
     fresh_prompts: int = 0  # fresh prompts per global step (x group size = fresh responses)
+    # expected run time, in on-policy GRPO runs of the addition profile (measured on CPU): side by
+    # side, the runner starts a seed's longest runs first, so that the last runs are short ones
+    relative_cost: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -119,17 +122,24 @@ def tiny_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, v
     )
 
 
+# Validation samples per held-out question of the learnable profiles. verl's validation costs
+# ~25 ms of CPU a sample (its agent loop, reward and routing per sample), 40% of a run at 4; an
+# evaluation's error bound, sqrt(p (1 - p) / questions), is per question, not per sample, and the
+# paired differences between arms are dominated by training's spread over seeds, so 2 it is.
+VALIDATION_SAMPLES = 2
+
+
 def arith_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, val_n: Optional[int] = None) -> Profile:
     """The tiny addition profile (recipes/README.md): two-digit addition, built so that GRPO has
     something to learn within 60 steps on CPU. G = 8 prompts x 8 responses in 2 rounds of one 4-group optimiser step,
-    K_rep = G / 2; validation on the 256 held-out problems."""
+    K_rep = G / 2; validation on the 256 held-out problems, 2 samples each."""
     steps, test_freq = steps or 60, test_freq or 10
     return Profile(
         name="arith",
         tiny=True,
         steps={"headroom_drift": steps},
         test_freq={"headroom_drift": test_freq},
-        val_n=val_n or 4,
+        val_n=val_n or VALIDATION_SAMPLES,
         group_size=8,
         prompts=8,
         mini_prompts=4,
@@ -159,7 +169,7 @@ def shapes_profile(
         tiny=True,
         steps={"elite": steps},
         test_freq={"elite": test_freq},
-        val_n=val_n or 4,
+        val_n=val_n or VALIDATION_SAMPLES,
         group_size=8,
         prompts=8,
         mini_prompts=4,
@@ -246,8 +256,10 @@ def headroom_drift_arms(profile: Profile, tau: float) -> list[Arm]:
     replayed = {**matched, "K_REP": str(profile.k_rep)}
     gated = {**replayed, "TAU": f"{tau:.6g}"}
 
-    def arm(name: str, label: str, recipe: str, env: dict[str, str], prompts: int = profile.prompts) -> Arm:
-        return Arm("headroom_drift", name, label, recipe, env, prompts)
+    def arm(
+        name: str, label: str, recipe: str, env: dict[str, str], prompts: int = profile.prompts, cost: float = 1.0
+    ) -> Arm:
+        return Arm("headroom_drift", name, label, recipe, env, prompts, cost)
 
     arms = [
         arm("grpo_matched", f"GRPO on-policy {fresh}", "baselines/grpo_onpolicy_b256.sh", matched),
@@ -259,7 +271,8 @@ def headroom_drift_arms(profile: Profile, tau: float) -> list[Arm]:
             larger,
         ),
         arm("naive", f"naive replay {sizes}", "baselines/naive_replay.sh", replayed),
-        arm("headroom_drift", f"Headroom-Drift {sizes} (tau {tau:.4f})", "headroom_drift_math.sh", gated),
+        # a strict gate scans most of the buffer every step: ~2x an on-policy run (arith profile)
+        arm("headroom_drift", f"Headroom-Drift {sizes} (tau {tau:.4f})", "headroom_drift_math.sh", gated, cost=2.0),
         arm(
             "headroom_only",
             f"Headroom-only {sizes} (no gate)",
@@ -271,6 +284,7 @@ def headroom_drift_arms(profile: Profile, tau: float) -> list[Arm]:
             f"Drift-only {sizes} (newest first, tau {tau:.4f})",
             "headroom_drift_math.sh",
             {**gated, "SCAN_ORDER": "recency"},
+            cost=2.0,
         ),
     ]
     if profile.control_rate is not None:
@@ -290,14 +304,15 @@ def elite_arms(profile: Profile) -> list[Arm]:
     prompts = None if not profile.tiny else profile.prompts  # paper: the recipe's 128 questions
     env = {} if prompts is None else {"TRAIN_PROMPTS": str(prompts)}
     fresh = prompts or 128
+    cost = 1.3  # SQL answers are longer than additions, and each run ends with an evaluation
     arms = [
-        Arm("elite", "grpo", "GRPO", "baselines/grpo_sql.sh", dict(env), fresh),
-        Arm("elite", "elite_iid", "IID archive replay", "baselines/iid_archive_replay.sh", dict(env), fresh),
-        Arm("elite", "elite", "EliteReplay", "elite_replay_qwen4b.sh", dict(env), fresh),
+        Arm("elite", "grpo", "GRPO", "baselines/grpo_sql.sh", dict(env), fresh, cost),
+        Arm("elite", "elite_iid", "IID archive replay", "baselines/iid_archive_replay.sh", dict(env), fresh, cost),
+        Arm("elite", "elite", "EliteReplay", "elite_replay_qwen4b.sh", dict(env), fresh, cost),
     ]
     if profile.elite_control:
         label = "control: EliteReplay, mu = 0 (replay term off)"
-        arms.append(Arm("elite", "elite_mu0", label, "elite_replay_qwen4b.sh", {**env, "MU": "0"}, fresh))
+        arms.append(Arm("elite", "elite_mu0", label, "elite_replay_qwen4b.sh", {**env, "MU": "0"}, fresh, cost))
     return arms
 
 
