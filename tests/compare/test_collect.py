@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from verl_replay.compare.collect import RunResultError, collect_run, read_metrics, read_run_metrics, val_curve
+from verl_replay.compare.collect import (
+    RunResultError,
+    collect_run,
+    read_metrics,
+    read_run_metrics,
+    starting_model,
+    val_curve,
+)
 
 
 def _write_run(tmp_path, lines, *, prompts=4, n=4, eval_doc=None):
@@ -164,3 +171,35 @@ def test_a_resumed_run_is_read_over_all_its_metrics_segments(tmp_path):
     assert r["final_mean"] == pytest.approx(0.7)
     # step 2 keeps its training metrics from the segment that trained it
     assert r["steps"] == 3 and dict(read_run_metrics(run))[2]["timing_s/step"] == 1.0
+
+
+def _config_with_model(path):
+    return {"actor_rollout_ref": {"model": {"path": str(path)}}}
+
+
+def test_starting_model_reads_the_weights_digest_from_the_task_manifest(tmp_path):
+    task = tmp_path / "tiny-task"
+    (task / "model").mkdir(parents=True)
+    (task / "MANIFEST.json").write_text(
+        json.dumps({"files": {"model/model.safetensors": "ab" * 32, "train.parquet": "cd" * 32}})
+    )
+    assert starting_model(_config_with_model(task / "model")) == {"path": str(task / "model"), "sha256": "ab" * 32}
+
+
+def test_a_model_without_a_task_manifest_has_no_digest(tmp_path):
+    (tmp_path / "hub-model").mkdir()
+    assert starting_model(_config_with_model(tmp_path / "hub-model")) == {
+        "path": str(tmp_path / "hub-model"),
+        "sha256": None,
+    }
+    assert starting_model({"data": {}}) == {"path": None, "sha256": None}
+
+
+def test_collect_run_records_the_starting_model(tmp_path):
+    task = tmp_path / "task"
+    (task / "model").mkdir(parents=True)
+    (task / "MANIFEST.json").write_text(json.dumps({"files": {"model/model.safetensors": "ef" * 32}}))
+    run = _write_run(tmp_path, [(0, _val(0.1, 0.2)), (1, {"timing_s/step": 1.0, **_val(0.2, 0.3)})])
+    with open(run / "config.yaml", "a") as config:
+        config.write(f"  model:\n    path: {task / 'model'}\n")
+    assert collect_run(run)["model"] == {"path": str(task / "model"), "sha256": "ef" * 32}

@@ -71,6 +71,10 @@ def test_aggregate_table_and_files(tmp_path):
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "## headroom_drift" in paths["table"].read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["comparison.json", "curves.png", "table.md"]
+    assert "Starting model" not in paths["table"].read_text()  # an older document without models
+    doc["models"] = [{"path": "/cache/tiny-task/model", "sha256": "0123456789abcdef" * 4}]
+    header = write_outputs(tmp_path, doc)["table"].read_text().split("## headroom_drift")[0]
+    assert "Starting model: `/cache/tiny-task/model` (weights sha256 0123456789ab)." in header
 
 
 def test_elite_table_has_pass_at_k_and_strategies():

@@ -231,7 +231,20 @@ def collect_document(plan: Plan, records: dict[str, dict[str, Any]], wall_s: Opt
         "problems": problems,
         "comparisons": comparisons,
         "runs": _run_points(comparisons),
+        "models": _starting_models(comparisons),
     }
+
+
+def _starting_models(comparisons: list[dict[str, Any]]) -> list[dict[str, Optional[str]]]:
+    """The distinct models the runs started from (one, unless the arms were given different ones)."""
+    seen: dict[tuple, dict[str, Optional[str]]] = {}
+    for comp in comparisons:
+        for arm in comp["arms"]:
+            for result in arm["runs"].values():
+                model = result.get("model") or {}
+                if model.get("path"):
+                    seen.setdefault((model["path"], model.get("sha256")), model)
+    return [seen[key] for key in sorted(seen, key=str)]
 
 
 def _run_points(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:

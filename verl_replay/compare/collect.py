@@ -117,17 +117,45 @@ def _series(metrics: list[tuple[int, dict[str, Any]]], key: str, *, where: Optio
     return out
 
 
-def _config_sizes(run_dir: Path) -> tuple[int, int]:
+def _run_config(run_dir: Path) -> dict[str, Any]:
     import yaml  # PyYAML comes with hydra / omegaconf
 
     path = run_dir / "config.yaml"
     if not path.is_file():
         raise RunResultError(f"{path}: missing (the run's resolved config)")
-    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def _config_sizes(config: dict[str, Any], run_dir: Path) -> tuple[int, int]:
     try:
         return int(config["data"]["train_batch_size"]), int(config["actor_rollout_ref"]["rollout"]["n"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise RunResultError(f"{path}: no data.train_batch_size / actor_rollout_ref.rollout.n ({exc})") from None
+        raise RunResultError(
+            f"{run_dir / 'config.yaml'}: no data.train_batch_size / actor_rollout_ref.rollout.n ({exc})"
+        ) from None
+
+
+# A locally built task (verl_replay.data prepare) lists the sha256 of every file in this manifest.
+TASK_MANIFEST = "MANIFEST.json"
+
+
+def starting_model(config: dict[str, Any]) -> dict[str, Optional[str]]:
+    """The model a run started from: its path and, for a locally built task, the sha256 of its weights
+    from the task's manifest (two builds of one task on two machines need not be the same weights,
+    so comparisons record which one they ran). ``sha256`` is None for a model without a manifest."""
+    try:
+        path = Path(str(config["actor_rollout_ref"]["model"]["path"])).expanduser()
+    except (KeyError, TypeError):
+        return {"path": None, "sha256": None}
+    digest = None
+    manifest = path.parent / TASK_MANIFEST
+    if manifest.is_file():
+        try:
+            files = json.loads(manifest.read_text(encoding="utf-8")).get("files", {})
+            digest = files.get(f"{path.name}/model.safetensors")
+        except (ValueError, AttributeError):
+            digest = None
+    return {"path": str(path), "sha256": digest}
 
 
 def _eval_metrics(run_dir: Path) -> Optional[dict[str, float]]:
@@ -156,7 +184,8 @@ def collect_run(run_dir: Path, expected_steps: Optional[int] = None) -> dict[str
         raise RunResultError(f"{run_dir}/metrics.jsonl: no training step recorded")
     if expected_steps is not None and max(train_steps) < expected_steps:
         raise RunResultError(f"{run_dir}: stopped at step {max(train_steps)} of {expected_steps}")
-    prompts, group = _config_sizes(run_dir)
+    config = _run_config(run_dir)
+    prompts, group = _config_sizes(config, run_dir)
     curve = val_curve(metrics)
     if not curve:
         raise RunResultError(f"{run_dir}/metrics.jsonl: no val-core/* metrics (trainer.test_freq off?)")
@@ -182,4 +211,5 @@ def collect_run(run_dir: Path, expected_steps: Optional[int] = None) -> dict[str
         "elite_token_share": _avg(_series(metrics, "replay/elite/token_share")),
     }
     result["eval"] = _eval_metrics(run_dir)
+    result["model"] = starting_model(config)
     return result

@@ -411,6 +411,12 @@ def write_outputs(out_dir: Path, document: Mapping[str, Any]) -> dict[str, Path]
         "Mean@n / Best@n: verl's val-core metrics (Best@n: mean of bootstrapped best-of-n). "
         "fresh responses: per run, over all steps. s / step: timing_s/step averaged over steps.\n\n"
     )
+    models = [
+        f"`{m['path']}`" + (f" (weights sha256 {m['sha256'][:12]})" if m.get("sha256") else "")
+        for m in document.get("models") or []
+    ]
+    if models:
+        header += "Starting model: " + "; ".join(models) + ".\n\n"
     paths = {
         "json": atomic_write_text(out_dir / "comparison.json", json.dumps(document, indent=2, sort_keys=True) + "\n"),
         "table": atomic_write_text(out_dir / "table.md", header + "\n".join(tables)),
