@@ -17,7 +17,8 @@ rows, a KV cache, one sequence, a sliding window, a non-causal module) goes to t
 Qwen3.5 models the packed row's dense mask, which this never reads, is not built either
 (:func:`skip_mask_of_packed_rows`).
 
-Imports torch and transformers only; verl's CPU support installs it in every process.
+Imports torch and transformers only (and the CPU kernels' API-change error); verl's CPU support installs
+it in every process.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from verl_replay.integrations.verl.cpu_linear_attention import TransformersApiChanged
 
 # The model modules whose causal mask is skipped for packed rows (their full-attention layers
 # have no sliding window and no mask overlays: a packed row's mask is causal-within-sequence).
@@ -192,7 +195,7 @@ def install_packed_attention() -> list[str]:
     for name in QWEN3_5_MODULES:
         module = importlib.import_module(name)
         if not hasattr(module, "create_causal_mask"):
-            raise RuntimeError(
+            raise TransformersApiChanged(
                 f"verl_replay's CPU packed attention wraps {name}.create_causal_mask, which this transformers "
                 "version does not have; verl_replay pins transformers==5.9.0"
             )
