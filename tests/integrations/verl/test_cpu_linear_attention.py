@@ -259,6 +259,16 @@ def test_bad_boundaries_are_refused():
         cla.packed_causal_conv1d(torch.zeros(1, 2, 3), torch.zeros(2, 4), initial_states=torch.zeros(1, 2, 3))
 
 
+def test_what_the_cpu_kernels_do_not_compute_is_refused_by_name():
+    """A convolution state, an activation causal-conv1d lacks, a scale other than the torch rule's."""
+    with pytest.raises(NotImplementedError, match="activation 'relu'"):
+        cla.packed_causal_conv1d(torch.zeros(1, 2, 3), torch.zeros(2, 4), activation="relu")
+    q, k, v, g, beta = _qkv(6)
+    kernel = cla.make_packed_chunk_gated_delta_rule(qwen3_5.torch_chunk_gated_delta_rule)
+    with pytest.raises(NotImplementedError, match="1/sqrt"):
+        kernel(q, k, v, g=g, beta=beta, scale=0.5 * q.shape[-1] ** -0.5, cu_seqlens=torch.tensor([0, 6]))
+
+
 # --------------------------------------------------------------------------- installation + canaries
 
 
