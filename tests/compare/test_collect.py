@@ -12,6 +12,7 @@ from verl_replay.compare.collect import (
     read_metrics,
     read_run_metrics,
     starting_model,
+    time_split,
     val_curve,
 )
 
@@ -203,3 +204,21 @@ def test_collect_run_records_the_starting_model(tmp_path):
     with open(run / "config.yaml", "a") as config:
         config.write(f"  model:\n    path: {task / 'model'}\n")
     assert collect_run(run)["model"] == {"path": str(task / "model"), "sha256": "ef" * 32}
+
+
+def test_time_split_counts_the_untimed_validation_before_training_at_the_mean_of_the_others(tmp_path):
+    lines = [
+        (0, _val(0.1, 0.2)),  # verl validates before training without timing it
+        (1, {"timing_s/step": 2.0, "replay/scan_forward_seconds": 0.5}),
+        (2, {"timing_s/step": 3.0, "replay/scan_forward_seconds": 1.5, "timing_s/testing": 4.0, **_val(0.2, 0.3)}),
+        (3, {"timing_s/step": 5.0, "replay/scan_forward_seconds": 1.0}),
+        (4, {"timing_s/step": 6.0, "replay/scan_forward_seconds": 2.0, "timing_s/testing": 6.0, **_val(0.3, 0.4)}),
+    ]
+    r = collect_run(_write_run(tmp_path, lines), expected_steps=4)
+    # three validations, two timed (4 s and 6 s): 3 x 5 s
+    assert r["time"] == {"steps_s": 16.0, "scan_s": 5.0, "validation_s": 15.0}
+
+
+def test_time_split_of_a_run_without_scan_or_timed_validation():
+    metrics = [(0, _val(0.1, 0.2)), (1, {"timing_s/step": 2.0})]
+    assert time_split(metrics, validations=1) == {"steps_s": 2.0, "scan_s": None, "validation_s": None}

@@ -7,7 +7,15 @@ import math
 
 import pytest
 
-from verl_replay.compare.report import aggregate, format_table, mean_std, noise_verdict, write_outputs
+from verl_replay.compare.report import (
+    aggregate,
+    format_cost,
+    format_table,
+    mean_std,
+    noise_verdict,
+    run_cost,
+    write_outputs,
+)
 
 
 def test_mean_std_hand_computed():
@@ -144,3 +152,33 @@ def test_elite_arms_are_paired_with_grpo_on_the_evaluation_too():
     # the Headroom-Drift comparison has no evaluation stage to pair on
     hd = aggregate("headroom_drift", ARMS, {"grpo_matched": grpo, "headroom_drift": elite})
     assert "eval:pass@1" not in hd["arms"][1]["paired"] and "last checkpoint" not in format_table(hd)
+
+
+def _timed(result, wall, validation, steps, scan=None):
+    return {**result, "wall_s": wall, "time": {"validation_s": validation, "steps_s": steps, "scan_s": scan}}
+
+
+def test_run_cost_is_the_wall_time_less_validation_and_steps():
+    result = _timed(_result(0.2, 0.3, [0.1, 0.2]), 100.0, 20.0, 50.0, 10.0)
+    cost = run_cost(result)
+    assert cost == {"wall_s": 100.0, "validation_s": 20.0, "steps_s": 50.0, "scan_s": 10.0, "rest_s": 30.0}
+    assert run_cost(_result(0.2, 0.3, [0.1, 0.2])) is None  # stored before runs recorded time
+
+
+def test_cost_table_means_per_arm_and_totals_over_every_run(tmp_path):
+    runs = {
+        "grpo_matched": {
+            1: _timed(_result(0.2, 0.3, [0.1, 0.2]), 100.0, 20.0, 50.0),
+            2: _timed(_result(0.4, 0.5, [0.1, 0.4]), 120.0, 30.0, 60.0),
+        },
+        "headroom_drift": {1: _timed(_result(0.5, 0.6, [0.1, 0.5]), 300.0, 40.0, 200.0, 120.0)},
+    }
+    comp = aggregate("headroom_drift", ARMS, runs)
+    text = format_cost([comp])
+    assert "| GRPO b16 | 2 | 110 | 25 | 55 | – | 30 |" in text
+    assert "| HD | 1 | 300 | 40 | 200 | 120 | 60 |" in text
+    assert "All 3 runs: 520 s of run wall time, 90 s of it validation; without validation 430 s." in text
+    doc = {"profile": "tiny", "steps": {"headroom_drift": 2}, "comparisons": [comp]}
+    assert "## Where the time went" in write_outputs(tmp_path, doc)["table"].read_text()
+    untimed = aggregate("headroom_drift", ARMS, {"grpo_matched": {1: _result(0.2, 0.3, [0.1, 0.2])}})
+    assert format_cost([untimed]) == ""

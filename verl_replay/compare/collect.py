@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from verl_replay.compare.paired import curve_auc
 
-__all__ = ["RunResultError", "read_metrics", "read_run_metrics", "val_curve", "collect_run"]
+__all__ = ["RunResultError", "read_metrics", "read_run_metrics", "val_curve", "collect_run", "time_split"]
 
 _MEAN = re.compile(r"^val-core/(?P<src>.+)/(?:acc|reward)/mean@(?P<n>\d+)$")
 _BEST = re.compile(r"^val-core/(?P<src>.+)/(?:acc|reward)/best@(?P<n>\d+)/mean$")
@@ -117,6 +117,25 @@ def _series(metrics: list[tuple[int, dict[str, Any]]], key: str, *, where: Optio
     return out
 
 
+def time_split(metrics: list[tuple[int, dict[str, Any]]], validations: int) -> dict[str, Optional[float]]:
+    """Where a run's time went, in seconds: its training steps (verl's ``timing_s/step``; the
+    Headroom-Drift scan inside them, ``replay/scan_forward_seconds``) and its ``validations``
+    validations. verl times the validations between steps (``timing_s/testing``) but not the one
+    before training, which is counted at their mean. None where the run recorded no such time."""
+
+    def total(key: str) -> Optional[float]:
+        values = [float(data[key]) for _, data in metrics if key in data]
+        return sum(values) if values else None
+
+    timed = [float(data["timing_s/testing"]) for _, data in metrics if "timing_s/testing" in data]
+    validation = sum(timed) / len(timed) * validations if timed else None
+    return {
+        "steps_s": total("timing_s/step"),
+        "scan_s": total("replay/scan_forward_seconds"),
+        "validation_s": validation,
+    }
+
+
 def _run_config(run_dir: Path) -> dict[str, Any]:
     import yaml  # PyYAML comes with hydra / omegaconf
 
@@ -210,6 +229,7 @@ def collect_run(run_dir: Path, expected_steps: Optional[int] = None) -> dict[str
         "replay_kl_accepted": _avg(_series(metrics, "replay/replay_kl_accepted/mean", where="replay/accepted")),
         "elite_token_share": _avg(_series(metrics, "replay/elite/token_share")),
     }
+    result["time"] = time_split(metrics, len(curve))
     result["eval"] = _eval_metrics(run_dir)
     result["model"] = starting_model(config)
     return result

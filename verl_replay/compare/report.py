@@ -28,6 +28,8 @@ __all__ = [
     "gain_over_start",
     "reaggregate",
     "format_table",
+    "format_cost",
+    "run_cost",
     "plot_curves",
     "write_outputs",
 ]
@@ -329,6 +331,57 @@ def format_table(comp: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_COST_PARTS = ("validation_s", "steps_s", "scan_s")
+
+
+def run_cost(result: Mapping[str, Any]) -> Optional[dict[str, Optional[float]]]:
+    """A run's wall time split (seconds): validation, training steps (of which the replay scan)
+    and the rest (start-up, the evaluation stage, shutdown). None for a run stored without it."""
+    split, wall = result.get("time"), result.get("wall_s")
+    if not split or wall is None:
+        return None
+    cost = {"wall_s": float(wall), **{k: split.get(k) for k in _COST_PARTS}}
+    cost["rest_s"] = float(wall) - (cost["validation_s"] or 0.0) - (cost["steps_s"] or 0.0)
+    return cost
+
+
+def format_cost(comparisons: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown: where the runs' wall time went, per arm (mean over seeds), and the totals over
+    every run with and without validation. Empty for a document stored without time splits."""
+    keys = ("wall_s", "validation_s", "steps_s", "scan_s", "rest_s")
+    rows, totals, runs = [], dict.fromkeys(keys, 0.0), 0
+    for comp in comparisons:
+        for arm in comp["arms"]:
+            costs = [c for c in (run_cost(r) for r in arm.get("runs", {}).values()) if c is not None]
+            if not costs:
+                continue
+            runs += len(costs)
+            cells = []
+            for key in keys:
+                values = [c[key] for c in costs if c[key] is not None]
+                totals[key] += sum(values)
+                cells.append(f"{sum(values) / len(values):.0f}" if values else "–")
+            rows.append(f"| {arm['label']} | {len(costs)} | " + " | ".join(cells) + " |")
+    if not rows:
+        return ""
+    lines = [
+        "## Where the time went",
+        "",
+        "Seconds per run, mean over seeds: the run's wall time; verl's validations (the one before "
+        "training, which verl does not time, counted at the mean of the others); the training steps, "
+        "of which the Headroom-Drift scan; the rest (Ray and verl start-up, the evaluation stage, "
+        "shutdown).",
+        "",
+        "| arm | runs | wall | validation | training steps | of which scan | rest |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+        f"All {runs} runs: {totals['wall_s']:.0f} s of run wall time, {totals['validation_s']:.0f} s of it "
+        f"validation; without validation {totals['wall_s'] - totals['validation_s']:.0f} s.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def _fmt_paired(diff: Mapping[str, Any], kind: str = "pct") -> str:
     """A paired difference: points for a rate (``pct``), the value itself for a count (``num``)."""
     if diff.get("mean") is None:
@@ -417,9 +470,10 @@ def write_outputs(out_dir: Path, document: Mapping[str, Any]) -> dict[str, Path]
     ]
     if models:
         header += "Starting model: " + "; ".join(models) + ".\n\n"
+    cost = [text for text in (format_cost(document["comparisons"]),) if text]
     paths = {
         "json": atomic_write_text(out_dir / "comparison.json", json.dumps(document, indent=2, sort_keys=True) + "\n"),
-        "table": atomic_write_text(out_dir / "table.md", header + "\n".join(tables)),
+        "table": atomic_write_text(out_dir / "table.md", header + "\n".join(tables + cost)),
         "png": plot_curves(document["comparisons"], out_dir / "curves.png"),
     }
     return paths
