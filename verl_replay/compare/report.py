@@ -470,10 +470,10 @@ def write_outputs(out_dir: Path, document: Mapping[str, Any]) -> dict[str, Path]
     ]
     if models:
         header += "Starting model: " + "; ".join(models) + ".\n\n"
-    cost = [text for text in (format_cost(document["comparisons"]),) if text]
+    cost = format_cost(document["comparisons"])
     paths = {
         "json": atomic_write_text(out_dir / "comparison.json", json.dumps(document, indent=2, sort_keys=True) + "\n"),
-        "table": atomic_write_text(out_dir / "table.md", header + "\n".join(tables + cost)),
+        "table": atomic_write_text(out_dir / "table.md", header + "\n".join(tables + ([cost] if cost else []))),
         "png": plot_curves(document["comparisons"], out_dir / "curves.png"),
     }
     return paths
