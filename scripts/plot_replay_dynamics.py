@@ -165,8 +165,13 @@ def run_settings(events_path: Path, tau: float | None = None, k_rep: int | None 
     settings: dict[str, Any] = {"strategy": None, "tau": None, "k_rep": None}
     config_file = Path(events_path).parent / "config.yaml"
     if config_file.is_file():
-        replay = (yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}).get("replay") or {}
-        settings.update({key: replay.get(key) for key in settings})
+        try:
+            config = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as error:
+            raise ValueError(f"{config_file}: not a YAML config ({type(error).__name__})") from None
+        replay = (config.get("replay") if isinstance(config, dict) else None) or {}
+        if isinstance(replay, dict):
+            settings.update({key: replay.get(key) for key in settings})
     if tau is not None:
         settings["tau"] = tau
     if k_rep is not None:
@@ -269,8 +274,15 @@ def plot_steps(rows: list[dict], path: Path, label: str = "", k_rep: int | None 
     return _save(fig, path)
 
 
+def drift_title(tau: bool, floor: bool) -> str:
+    """The drift plot's title names only what it draws: tau's line, the fresh groups' floor."""
+    drawn = [name for name, shown in (("tau", tau), ("the drift floor", floor)) if shown]
+    return "Policy Drift of the scanned groups" + (f" against {' and '.join(drawn)}" if drawn else "")
+
+
 def plot_drift(rows: list[dict], path: Path, label: str = "", tau: float | None = None) -> Any:
     fig, ax = plt.subplots(figsize=(7, 4))
+    drawn_floor = False
     if rows:
         for key, style, name in (
             ("drift_accepted", dict(color="tab:blue", marker="o"), "accepted"),
@@ -280,6 +292,7 @@ def plot_drift(rows: list[dict], path: Path, label: str = "", tau: float | None 
             if points:
                 ax.scatter(*zip(*points, strict=True), s=14, alpha=0.6, label=f"scanned, {name}", **style)
         floor = [r for r in rows if r["floor_p50"] is not None]
+        drawn_floor = bool(floor)
         if floor:
             steps = [r["step"] for r in floor]
             ax.fill_between(
@@ -300,8 +313,26 @@ def plot_drift(rows: list[dict], path: Path, label: str = "", tau: float | None 
     _integer_axis(ax.xaxis)
     ax.set_xlabel("step")
     ax.set_ylabel("Policy Drift")
-    ax.set_title("Drift against the gate and the floor" + label)
+    ax.set_title(drift_title(tau is not None and bool(rows), drawn_floor) + label)
     return _save(fig, path)
+
+
+def input_error(error: BaseException) -> str:
+    """One line for an input the script cannot read (a missing or unreadable file, a folder where
+    a file belongs, a line that is not an event record, a config.yaml that is not YAML)."""
+    if isinstance(error, OSError) and error.filename is not None:
+        reason = {
+            FileNotFoundError: "not found",
+            IsADirectoryError: "is a folder, not a file",
+            NotADirectoryError: "lies under a file, not a folder",
+            PermissionError: "cannot be read or written (permission denied)",
+            FileExistsError: "exists and is not a folder",
+        }.get(type(error), error.strerror or type(error).__name__)
+        return f"{error.filename}: {reason}"
+    if isinstance(error, UnicodeDecodeError):
+        return f"not a text file ({error.reason} at byte {error.start}); --events takes a replay_events.jsonl"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
 
 
 def _json_safe(x: Any) -> Any:
@@ -324,6 +355,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--tau", type=float, default=None, help="the run's tau (default: from its config.yaml)")
     ap.add_argument("--k-rep", type=int, default=None, help="the run's K_rep (default: from its config.yaml)")
     args = ap.parse_args(argv)
+    try:
+        return plot(args)
+    except (OSError, ValueError, UnicodeDecodeError) as error:
+        ap.exit(2, f"plot_replay_dynamics: error: {input_error(error)}\n")
+
+
+def plot(args: argparse.Namespace) -> dict:
+    """Read the log and the run's settings, write the PNGs and tables.json; returns the tables."""
     events = read_events(args.events)
     settings = run_settings(Path(args.events), args.tau, args.k_rep)
     label = settings_label(settings)

@@ -232,3 +232,68 @@ def test_the_naive_baseline_gets_no_drift_plot(logged_run, tmp_path):
     out = tmp_path / "naive"
     mod.main(["--events", str(path), "--out-dir", str(out)])
     assert not (out / mod.PLOTS["drift"]).exists() and (out / mod.PLOTS["steps"]).exists()
+
+
+def test_the_drift_plots_title_names_only_what_it_draws(logged_run, tmp_path):
+    """A sync run's log has no fresh drifts: its plot draws no floor and its title names none."""
+    path, _, _ = logged_run
+    mod = _load_script()
+    rows = mod.drift_table(mod.read_events(path))
+    assert mod.plot_drift(rows, tmp_path / "both.png", tau=0.17).axes[0].get_title() == (
+        "Policy Drift of the scanned groups against tau and the drift floor"
+    )
+    no_floor = [{**row, "floor_p50": None, "floor_p90": None} for row in rows]
+    ax = mod.plot_drift(no_floor, tmp_path / "sync.png", tau=0.17).axes[0]
+    assert ax.get_title() == "Policy Drift of the scanned groups against tau"
+    assert "drift floor (fresh p50)" not in [line.get_label() for line in ax.get_lines()]
+    assert mod.plot_drift(no_floor, tmp_path / "none.png").axes[0].get_title() == "Policy Drift of the scanned groups"
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: d / "nonexistent.jsonl", "nonexistent.jsonl: not found"),
+        (lambda d: d, "is a folder, not a file"),
+        (lambda d: _write(d / "bad.jsonl", "not json\n"), "bad.jsonl:1: malformed event record"),
+        (lambda d: _write(d / "other.jsonl", '{"step": 1, "data": {}}\n'), "not a replay event record"),
+        (lambda d: _write(d / "bin.jsonl", b"\xff\xfe\x00\n"), "not a text file"),
+    ],
+)
+def test_a_bad_input_is_one_line_and_exit_code_2(tmp_path, make, message):
+    import subprocess
+    import sys
+
+    events = make(tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--events", str(events), "--out-dir", str(tmp_path / "plots")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("plot_replay_dynamics: error: ") and message in lines[0], lines
+
+
+def test_an_unreadable_config_and_an_unwritable_out_dir_are_one_line(logged_run, tmp_path, capsys):
+    path, _, _ = logged_run
+    mod = _load_script()
+    (path.parent / "config.yaml").write_text("replay: [unclosed\n")
+    with pytest.raises(SystemExit) as exit_:
+        mod.main(["--events", str(path), "--out-dir", str(tmp_path / "plots")])
+    assert exit_.value.code == 2
+    assert "config.yaml: not a YAML config" in capsys.readouterr().err
+    (path.parent / "config.yaml").unlink()
+    blocker = _write(tmp_path / "a_file", "")
+    with pytest.raises(SystemExit) as exit_:
+        mod.main(["--events", str(path), "--out-dir", str(blocker / "plots")])
+    err = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and "lies under a file, not a folder" in err[0], err
+
+
+def _write(path: Path, content) -> Path:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
