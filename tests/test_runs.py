@@ -91,3 +91,53 @@ def test_a_run_dir_a_live_process_holds_is_refused_naming_it(tmp_path):
     opened = open_run_dir(str(run), tmp_path, "x")
     assert not opened.resumed and (run / "run.lock").read_text() == f"{os.getpid()}\n"
     lock_run_dir(run)  # this process holds it already: no-op
+
+
+def test_a_refused_run_leaves_the_holders_pid_and_the_holder_removes_the_file_at_exit(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        for _ in range(2):
+            with pytest.raises(RunDirBusy):
+                lock_run_dir(run)
+            assert (run / "run.lock").read_text() == f"{holder.pid}\n"  # the refused run wrote nothing
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    assert holder.returncode == 0 and not (run / "run.lock").exists()  # no dead process id left behind
+
+
+def test_a_lock_file_removed_after_it_was_opened_is_not_held(tmp_path, monkeypatch):
+    """The holder removes run.lock as it exits: a run that had opened that file before and locks it
+    after must not count it as held (a third run would lock the new file): it locks the new one."""
+    import verl_replay.runs as runs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.lock").write_text("12345\n")
+    real_open, opened = os.open, []
+
+    def open_then_replaced(path, flags, mode=0o777):
+        fd = real_open(path, flags, mode)
+        if not opened:  # the first open: the file is then removed and made anew by another run
+            os.unlink(path)
+            real_open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        opened.append(fd)
+        return fd
+
+    monkeypatch.setattr(runs.os, "open", open_then_replaced)
+    try:
+        lock_run_dir(run)
+        assert len(opened) == 2 and runs._HELD_LOCKS[run.absolute()] == opened[1]
+        assert os.path.samestat(os.fstat(opened[1]), os.stat(run / "run.lock"))
+        assert (run / "run.lock").read_text() == f"{os.getpid()}\n"
+    finally:
+        monkeypatch.undo()
+        runs.release_run_dirs()
+    assert not (run / "run.lock").exists() and run.absolute() not in runs._HELD_LOCKS
+    lock_run_dir(run)  # taken again after the release
+    runs.release_run_dirs()

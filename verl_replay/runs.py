@@ -12,11 +12,14 @@ What a run folder holds (file names used by ``verl_replay.main`` and the tools):
 - ``replay_events.jsonl``: the replay buffer's event log (Headroom-Drift / naive);
 - ``checkpoints/``: verl's checkpoints, when ``trainer.save_freq`` > 0;
 - ``run.lock``: held (``flock``) by the live run's driver, with its process id: one run per folder.
-  The kernel drops the lock when that process ends, however it ends, so a stale file blocks nothing.
+  A run refused because another holds it reads the file and leaves it as it is. The holder removes
+  the file when it exits; the kernel drops the lock when that process ends, however it ends, so a
+  file left by a killed run blocks nothing.
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import itertools
@@ -39,6 +42,7 @@ __all__ = [
     "lock_run_dir",
     "new_run_dir",
     "open_run_dir",
+    "release_run_dirs",
     "run_dir_name",
 ]
 
@@ -51,6 +55,7 @@ LOCK_FILE = "run.lock"
 
 # run dir -> the open lock file descriptor this process holds (kept open until the process ends)
 _HELD_LOCKS: dict[Path, int] = {}
+_HOLDER_PID: list[int] = []  # the process that took them (a forked child inherits the dict, not the locks' files)
 
 
 class RunDirBusy(Exception):
@@ -67,21 +72,55 @@ def lock_run_dir(path: Path) -> None:
     path = Path(path).absolute()
     if path in _HELD_LOCKS:
         return
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)  # umask applies; not inherited
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-        os.close(fd)
-        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise
-        raise RunDirBusy(
-            f"run_dir {path} is in use by a live run (process {holder}): wait for it to end (or stop it), "
-            "or give this run another run_dir"
-        ) from None
+    lock_file = path / LOCK_FILE
+    while True:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666)  # umask applies; not inherited
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)  # read only: the holder's process id stays in the file
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise RunDirBusy(
+                f"run_dir {path} is in use by a live run (process {holder}): wait for it to end (or stop it), "
+                "or give this run another run_dir"
+            ) from None
+        if _is_current(fd, lock_file):
+            break
+        os.close(fd)  # the holder removed that file as it exited, after we opened it: lock the new one
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    if not _HOLDER_PID:
+        atexit.register(release_run_dirs)
+    _HOLDER_PID[:] = [os.getpid()]
     _HELD_LOCKS[path] = fd
+
+
+def _is_current(fd: int, lock_file: Path) -> bool:
+    """The locked file is still the one at ``lock_file`` (not removed or replaced since it was opened)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(lock_file))
+    except FileNotFoundError:
+        return False
+
+
+def release_run_dirs() -> None:
+    """Remove the lock files this process holds, then drop the locks (at exit; idempotent).
+
+    The file goes while still locked: a run that opened it in the meantime finds it removed once
+    it gets the lock (:func:`_is_current`) and locks a new file, so no two runs ever hold one folder.
+    """
+    if _HOLDER_PID != [os.getpid()]:
+        return  # a forked child exiting: the files are its parent's
+    for path, fd in list(_HELD_LOCKS.items()):
+        try:
+            if _is_current(fd, path / LOCK_FILE):
+                os.unlink(path / LOCK_FILE)
+        except OSError:
+            pass  # a folder removed or made read-only meanwhile: the lock still ends with the fd
+        os.close(fd)
+        del _HELD_LOCKS[path]
 
 
 def holds_content(path: Path) -> bool:
