@@ -6,6 +6,8 @@ import io
 import subprocess
 import sys
 
+import pytest
+
 from verl_replay.console import Console, format_value, step_line
 
 
@@ -71,16 +73,40 @@ def test_on_a_terminal_the_bar_and_the_lines_share_one_stream():
 
 
 def test_the_eta_counts_step_times_not_start_up():
-    import time
+    """Five minutes of start-up, then steps of 2 s and 4 s: the rate and the ETA come from the
+    steps' own times (3 s a step), never from the wall time since the bar started."""
+    from tqdm import tqdm
 
     out, _ = _terminal()
     console = Console(out, io.StringIO())
     console.start_progress(4)
-    console._bar.start_t -= 300.0  # five minutes of start-up before the first step
-    before = time.time()
+    bar = console._bar
+    bar.start_t -= 300.0  # start-up before the first step
+    bar.last_print_t -= 300.0
+    assert "?" in tqdm.format_meter(**bar.format_dict)  # nothing measured yet
     console.advance(1, step_seconds=2.0)
-    elapsed = console._bar.format_dict["elapsed"]
-    assert 2.0 <= elapsed <= 2.0 + (time.time() - before)  # the first step's own time, not start-up
+    shown = tqdm.format_meter(**bar.format_dict)
+    assert bar.format_dict["rate"] == 0.5 and "2.00s/step" in shown and "<00:06" in shown, shown
+    assert bar.format_dict["elapsed"] >= 300.0  # the elapsed time stays the wall time
+    console.advance(2, step_seconds=4.0)
+    shown = tqdm.format_meter(**bar.format_dict)
+    assert bar.format_dict["rate"] == pytest.approx(2 / 6) and "3.00s/step" in shown and "<00:06" in shown, shown
+    console.close_progress()
+
+
+def test_without_step_times_the_rate_is_the_time_between_steps_not_start_up():
+    out, _ = _terminal()
+    console = Console(out, io.StringIO())
+    console.start_progress(5, initial=2)  # a resumed run: two steps done before
+    bar = console._bar
+    bar.start_t -= 300.0
+    clock = [1000.0]
+    bar._time = lambda: clock[0]
+    console.advance(3)
+    assert bar.format_dict["rate"] == 0.0  # one step seen: its time is unknown
+    clock[0] += 5.0
+    console.advance(4)
+    assert bar.format_dict["rate"] == pytest.approx(1 / 5)
     console.close_progress()
 
 

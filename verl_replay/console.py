@@ -12,6 +12,7 @@ keep reaching the terminal while fds 1 and 2 point elsewhere. Stdlib only (tqdm 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -68,22 +69,29 @@ class Console:
     def start_progress(self, total: Optional[int], initial: int = 0, desc: str = "training") -> None:
         """A bar on the terminal's stdout, the stream of the step lines, so that ``tqdm.write``
         clears and redraws it around every line (bar and lines on two streams merge on one
-        terminal); none when stdout is not a terminal (logs, CI, pipes)."""
-        from tqdm import tqdm
-
+        terminal); none when stdout is not a terminal (logs, CI, pipes). ``initial``: the steps
+        done before (a resumed run)."""
         self.close_progress()
         if not _isatty(self.out):
             return
-        self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step", file=self.out, leave=False)
+        self._bar = _step_timed_bar()(total=total, initial=initial, desc=desc, unit="step", file=self.out, leave=False)
 
     def advance(self, to_step: int, *, step_seconds: Optional[float] = None) -> None:
-        """Move the bar to ``to_step``. ``step_seconds`` (the first step's own time) restarts the
-        bar's clock as if it had started that long ago: the ETA then counts steps, not start-up."""
-        if self._bar is None or to_step <= self._bar.n:
+        """Move the bar to ``to_step``; ``step_seconds``: that step's own time (the trainer's).
+
+        The bar's rate, and so its ETA, is the mean of the steps' own times: what the run spent
+        before its first step (Ray, workers, model loading) and between steps (the file's polling)
+        counts in the elapsed time only. Without step times, the rate is the wall time between the
+        steps this bar saw, still without the start-up."""
+        bar = self._bar
+        if bar is None or to_step <= bar.n:
             return
-        if step_seconds is not None:
-            self._bar.start_t = self._bar._time() - max(0.0, float(step_seconds))
-        self._bar.update(to_step - self._bar.n)
+        if step_seconds is not None and math.isfinite(float(step_seconds)) and float(step_seconds) > 0:
+            bar.step_seconds += float(step_seconds)
+            bar.timed_steps += 1
+        if bar.first_seen is None:
+            bar.first_seen = (to_step, bar._time())
+        bar.update(to_step - bar.n)
 
     def status(self, text: Optional[str]) -> None:
         """What the bar waits for (shown after it); None clears it."""
@@ -139,6 +147,35 @@ class Console:
     @property
     def redirected(self) -> bool:
         return self._saved is not None
+
+
+@functools.lru_cache(maxsize=1)
+def _step_timed_bar() -> type:
+    """A tqdm bar whose rate comes from the steps' own times (see :meth:`Console.advance`)."""
+    from tqdm import tqdm
+
+    class StepTimedBar(tqdm):
+        step_seconds = 0.0  # sum of the timed steps' own times
+        timed_steps = 0
+        first_seen: Optional[tuple[int, float]] = None  # (step, when) of the first step this bar saw
+
+        @property
+        def format_dict(self) -> dict[str, Any]:
+            values = super().format_dict
+            values["rate"] = self.step_rate()
+            return values
+
+        def step_rate(self) -> float:
+            """Steps per second of the steps' own time; 0 until known (tqdm shows ``?``: given
+            None, it would divide the steps by the elapsed time, start-up included)."""
+            if self.timed_steps:
+                return self.timed_steps / self.step_seconds
+            if self.first_seen is not None and self.n > self.first_seen[0]:
+                seconds = self._time() - self.first_seen[1]
+                return (self.n - self.first_seen[0]) / seconds if seconds > 0 else 0.0
+            return 0.0
+
+    return StepTimedBar
 
 
 def _dup_stream(fd: int) -> IO[str]:
