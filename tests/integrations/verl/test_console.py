@@ -16,6 +16,7 @@ from verl_replay.integrations.verl.console import (
     describe_failure,
     quiet_logger_backends,
     quiet_ray_environment,
+    resumed_step,
     step_fields,
 )
 
@@ -81,7 +82,9 @@ def test_replay_summary_follows_the_strategy():
     )
     assert nothing["replayed"] == "0/16" and "drift" not in nothing and "replay_kl" not in nothing
     naive = dict(step_fields(data, ReplayConfig.from_mapping({"strategy": "naive", "k_rep": 2})))
-    assert naive["replayed"] == "2/2" and "replay_kl" not in naive and "drift" not in naive
+    assert naive["replayed"] == "2/2 latest" and naive["buffer"] == 12.0  # what naive replay did: no scan
+    assert "scanned" not in naive and "replay_kl" not in naive and "drift" not in naive
+    assert hd["scanned"] == 3.0
     elite = dict(step_fields(data, ReplayConfig.from_mapping({"strategy": "elite", "elite": {"archive": "a"}})))
     assert elite["elite_nll"] == 1.9 and elite["elite_rows"] == 8.0 and "replayed" not in elite
     # a step that did not report a key simply leaves it out
@@ -222,3 +225,25 @@ def test_the_step_line_says_what_was_admitted_and_what_could_not_be_stored():
     plain = {**data, "replay/ingress_multi_turn": 0.0, "replay/ingress_images": 0.0}
     assert "admitted" not in dict(step_fields(plain, config))
     assert dict(step_fields({**plain, "replay/skipped_ingress": 2.0}, config))["not_replayable"] == 2
+
+
+def test_a_resumed_run_waits_for_the_step_after_its_checkpoint(tmp_path):
+    log = tmp_path / "verl.log"
+    log.write_text("(ReplayTaskRunner pid=1) all initialize finished, ready to fit\n")
+    assert StartupWatch(log).poll() == "running step 1"
+    assert StartupWatch(log, first_step=3).poll() == "running step 3"
+
+
+def test_resumed_step_follows_verls_resume_rule(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    auto = {"resume_mode": "auto", "default_local_dir": str(checkpoints)}
+    assert resumed_step(auto) is None  # no checkpoint yet: step 1
+    (checkpoints / "global_step_2").mkdir(parents=True)
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text("2\n")
+    assert resumed_step(auto) == 2
+    assert resumed_step({**auto, "resume_mode": "disable"}) is None
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text("5")
+    assert resumed_step(auto) is None  # the tracker names a folder that is not there: verl starts afresh
+    path = {"resume_mode": "resume_path", "resume_from_path": str(checkpoints / "global_step_4") + "/"}
+    assert resumed_step(path) == 4
+    assert resumed_step({**path, "resume_from_path": str(tmp_path / "elsewhere")}) is None

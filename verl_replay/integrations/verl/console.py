@@ -111,8 +111,12 @@ def step_fields(
     if split and STALENESS_FIELD[1] in data:
         fields.append((STALENESS_FIELD[0], data[STALENESS_FIELD[1]]))
     if replay.uses_group_buffer and "replay/accepted" in data:
-        fields.append(("replayed", f"{int(data['replay/accepted'])}/{replay.k_rep}"))
-        fields += [(label, data[key]) for label, key in GROUP_REPLAY_FIELDS if key in data]
+        if replay.uses_headroom_drift:
+            fields.append(("replayed", f"{int(data['replay/accepted'])}/{replay.k_rep}"))
+            fields += [(label, data[key]) for label, key in GROUP_REPLAY_FIELDS if key in data]
+        else:  # naive replay takes the latest groups: nothing is scanned, ranked or gated
+            fields.append(("replayed", f"{int(data['replay/accepted'])}/{replay.k_rep} latest"))
+            fields += [(label, data[key]) for label, key in GROUP_REPLAY_FIELDS if key in data and label != "scanned"]
         if replay.uses_headroom_drift and data["replay/accepted"] > 0:  # over the accepted groups
             fields += [(label, data[key]) for label, key in DRIFT_FIELDS if key in data]
         if replay.uses_headroom_drift and FLOOR_KEY in data:
@@ -201,27 +205,51 @@ def describe_failure(error: BaseException) -> str:
     return f"{type(cause).__name__}: {lines[0].strip()}" if lines else type(cause).__name__
 
 
-# What a run waits for before its first step, by the verl.log lines that end each stage (in order).
+# What a run waits for before its first step, by the verl.log lines that end each stage (in order);
+# ``{step}``: the step the run starts with (1, or the one after a resumed run's checkpoint).
 STARTUP_STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("starting Ray", ()),
     ("starting the trainer", ("Started a local Ray instance", "Connected to Ray cluster")),
     ("starting the training workers", ("(ReplayTaskRunner pid=",)),
     ("starting the rollout and reward workers", ("actor and ref model engine initialized",)),
-    ("running step 1", ("all initialize finished, ready to fit",)),
+    ("running step {step}", ("all initialize finished, ready to fit",)),
 )
+
+
+def resumed_step(trainer: Mapping[str, Any]) -> Optional[int]:
+    """The global step of the checkpoint verl will resume from (None: the run starts at step 1).
+
+    verl's rule (``RayPPOTrainer._load_checkpoint``): ``resume_mode=disable`` starts afresh;
+    ``resume_path`` loads ``resume_from_path`` (a ``global_step_N`` folder); ``auto`` the folder
+    named by ``default_local_dir/latest_checkpointed_iteration.txt``, when there is one."""
+    mode = trainer.get("resume_mode", "auto")
+    if mode == "disable":
+        return None
+    if mode == "resume_path":
+        _, marker, digits = str(trainer.get("resume_from_path") or "").rstrip("/").rpartition("global_step_")
+        return int(digits) if marker and digits.isdigit() else None
+    local_dir = trainer.get("default_local_dir")
+    if not local_dir:
+        return None
+    try:
+        text = (Path(str(local_dir)) / "latest_checkpointed_iteration.txt").read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and (Path(str(local_dir)) / f"global_step_{text}").is_dir() else None
 
 
 class StartupWatch:
     """Which start-up stage a run is in, read from the new text of its ``verl.log``."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, *, first_step: int = 1) -> None:
         self.log_path = Path(log_path)
+        self.first_step = first_step
         self.stage = 0
         self._offset: Optional[int] = None
         self._tail = ""
 
     def poll(self) -> str:
-        """The current stage's description (``starting Ray`` ... ``running step 1``)."""
+        """The current stage's description (``starting Ray`` ... ``running step N``)."""
         try:
             size = self.log_path.stat().st_size
             if self._offset is None:
@@ -235,7 +263,7 @@ class StartupWatch:
                 self._tail = text[-200:]  # a marker split across two reads
         except OSError:
             pass
-        return STARTUP_STAGES[self.stage][0]
+        return STARTUP_STAGES[self.stage][0].format(step=self.first_step)
 
     def _advance(self, text: str) -> None:
         for index in range(len(STARTUP_STAGES) - 1, self.stage, -1):
