@@ -31,6 +31,12 @@ def test_from_omegaconf_resolves_interpolations():
         ({"drift_norm": "linf"}, "replay.drift_norm"),
         ({"ingress": "all"}, "replay.ingress"),
         ({"scan_order": "newest"}, "replay.scan_order"),
+        ({"scan_skip": "budget"}, "replay.scan_skip"),
+        ({"scan_skip_margin": 0.5}, "replay.scan_skip_margin"),
+        ({"scan_skip_margin": float("inf")}, "replay.scan_skip_margin"),
+        ({"scan_skip_margin": "2"}, "replay.scan_skip_margin"),
+        ({"scan_skip_versions": 0}, "replay.scan_skip_versions"),
+        ({"scan_skip_versions": 1.5}, "replay.scan_skip_versions"),
         ({"scan_chunk_groups": 0}, "replay.scan_chunk_groups"),
         ({"max_scan_groups": 0}, "replay.max_scan_groups"),
         ({"k_rep": 10, "capacity": 5, "strategy": "naive"}, "replay.k_rep"),
@@ -44,6 +50,14 @@ def test_from_omegaconf_resolves_interpolations():
 def test_invalid_values_name_the_key(raw, key):
     with pytest.raises(ReplayConfigError, match=key.replace(".", r"\.")):
         ReplayConfig.from_mapping(raw)
+
+
+def test_scan_skip_and_mean_sq_settings():
+    cfg = ReplayConfig.from_mapping(
+        {"drift_norm": "mean_sq", "tau": 1e-3, "scan_skip": "cooldown", "scan_skip_versions": None}
+    )
+    assert (cfg.drift_norm, cfg.scan_skip, cfg.scan_skip_versions) == ("mean_sq", "cooldown", None)
+    assert ReplayConfig().scan_skip == "none"  # the paper's scan by default
 
 
 def test_elite_strategies_and_sampler_kind():

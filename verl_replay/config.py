@@ -19,9 +19,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 STRATEGIES = ("none", "headroom_drift", "naive", "elite", "elite_iid", "headroom_drift+elite")
 WEIGHTINGS = ("sign", "advantage")
-DRIFT_NORMS = ("l2", "l1")
+DRIFT_NORMS = ("l2", "l1", "mean_sq")
 INGRESS_CRITERIA = ("answer_disagree", "nonzero_advantage")
 SCAN_ORDERS = ("headroom", "recency")
+SCAN_SKIPS = ("none", "cooldown")
 
 
 class ReplayConfigError(ValueError):
@@ -53,6 +54,13 @@ class ReplayConfig:
     ingress: str = "answer_disagree"
     # Order of the Headroom-Drift scan: "headroom" (the method) or "recency" (the Policy-Drift-only ablation).
     scan_order: str = "headroom"
+    # Beyond the paper: "none" forwards every candidate the scan reaches (the paper's scan);
+    # "cooldown" skips a group whose last scan measured drift > scan_skip_margin x tau (in rms
+    # units) for scan_skip_versions weight versions (null: for good). Under "none" the same rule
+    # is a shadow: scan events and replay/scan_skip_shadow* say what it would have skipped.
+    scan_skip: str = "none"
+    scan_skip_margin: float = 2.0
+    scan_skip_versions: Optional[int] = 8
     # GRPO groups per optimiser step of updates that carry replay (None: actor.ppo_mini_batch_size).
     ppo_mini_batch_size: Optional[int] = None
     event_log: Optional[str] = None
@@ -112,6 +120,17 @@ class ReplayConfig:
         _choice("replay.drift_norm", self.drift_norm, DRIFT_NORMS)
         _choice("replay.ingress", self.ingress, INGRESS_CRITERIA)
         _choice("replay.scan_order", self.scan_order, SCAN_ORDERS)
+        _choice("replay.scan_skip", self.scan_skip, SCAN_SKIPS)
+        margin = self.scan_skip_margin
+        if not _is_number(margin) or not math.isfinite(margin) or margin < 1:
+            raise ReplayConfigError(
+                f"replay.scan_skip_margin must be a finite number >= 1 (a group is skipped once its drift "
+                f"exceeds this many times tau, in rms units), got {margin!r}"
+            )
+        if self.scan_skip_versions is not None:
+            _positive_int(
+                "replay.scan_skip_versions", self.scan_skip_versions, hint="or null: a skipped group is never rescanned"
+            )
         _positive_int("replay.k_rep", self.k_rep)
         _positive_int("replay.capacity", self.capacity)
         _positive_int("replay.scan_chunk_groups", self.scan_chunk_groups)

@@ -82,6 +82,8 @@ def test_policy_drift_hand_values():
     cur, gen, mask = _drift_case()
     assert_close(policy_drift(cur, gen, mask), torch.tensor([math.sqrt(0.14 / 3)]))  # 0.216025
     assert_close(policy_drift(cur, gen, mask, norm="l1"), torch.tensor([0.2]))
+    # r = 0.1, -0.2, 0.3 on the valid tokens: mean r^2 = (0.01 + 0.04 + 0.09) / 3 (the paper's units)
+    assert_close(policy_drift(cur, gen, mask, norm="mean_sq"), torch.tensor([0.14 / 3]))  # 0.046667
     assert_close(policy_drift(gen.nan_to_num(), gen.nan_to_num(), mask), torch.tensor([0.0]))
 
 
@@ -144,13 +146,25 @@ def test_padded_flat_and_segments_agree(seed):
         assert_close(seg, ref)
     counts = torch.tensor([f[0].numel() for f in flat])
     cat = [torch.cat([f[i] for f in flat]) for i in range(3)]
-    for norm in ("l2", "l1"):
+    for norm in ("l2", "l1", "mean_sq"):
         ref = policy_drift(cur, lp, mask, norm)
         assert_close(torch.stack([policy_drift_flat(f[1], f[0], f[2], norm) for f in flat]), ref)
         assert_close(policy_drift_segments(cat[1], cat[0], cat[2], counts, norm), ref)
     ref = replay_kl(cur, lp, mask)
     assert_close(torch.stack([replay_kl_flat(f[1], f[0], f[2]) for f in flat]), ref)
     assert_close(replay_kl_segments(cat[1], cat[0], cat[2], counts), ref)
+
+
+def test_mean_sq_is_l2_squared_and_gates_alike():
+    lp, cur, mask, _, lengths = _random_padded(11, G=6)
+    l2, ms = policy_drift(cur, lp, mask, "l2"), policy_drift(cur, lp, mask, "mean_sq")
+    assert_close(ms, l2.double().square().float())
+    # flat one-group path (the buffer's): mean r^2 by hand
+    f_lp, f_cur, f_m = (_to_flat(t[0], lengths[0]) for t in (lp, cur, mask))
+    r = (f_cur.double() - f_lp.double())[f_m != 0]
+    assert float(policy_drift_flat(f_cur, f_lp, f_m, "mean_sq")) == pytest.approx(float((r * r).mean()), rel=1e-6)
+    for tau_rms in (0.05, 0.2, 0.5, 1.0, 2.0):
+        assert torch.equal(l2 <= tau_rms, ms <= tau_rms**2)
 
 
 def test_group_scores_flat_matches_flat_functions_bitwise():

@@ -43,15 +43,18 @@ Statistics (``SelectionResult.stats``; keys without the ``replay/`` prefix, all 
 ``buffer_size``, ``candidates`` (groups in the buffer when the step starts; equal at select
 time), ``scanned``, ``accepted``, ``rejected_drift`` (scanned - accepted), ``fill_ratio``
 (accepted / K_rep), ``acceptance_rate`` (accepted / scanned), ``scan_depth`` (1-based rank, in
-the cached-Headroom order at the start of the step, of the last scanned group; since the scan
-walks that order without skipping it equals ``scanned``), ``scan_depth_frac`` (scan_depth /
+the cached-Headroom order at the start of the step, of the last scanned group; the paper's scan
+walks that order without skipping, so there it equals ``scanned``), ``scan_depth_frac`` (scan_depth /
 candidates), ``drift_scanned/{mean,p50,p90}``, ``drift_accepted/{mean,p50,p90}``,
 ``headroom_cached_accepted/mean`` (ranking key before the scan), ``headroom_refreshed_accepted/
 mean`` (H under the current policy), ``replay_kl_accepted/mean`` (k3 averaged over all valid
 tokens of the accepted groups, token-weighted), ``age_accepted/{mean,max}`` (weight
 versions since generation, see below), ``replay_tokens`` (valid tokens of the accepted groups,
 for the replay token share), ``scan_unused_groups`` (groups of the last chunk past the point
-where the scan stopped: forwarded, never scanned), ``select_seconds`` (whole call) and
+where the scan stopped: forwarded, never scanned), ``scan_skipped`` (groups ``scan_skip`` left out
+of the scan: the scans it saved), ``scan_skip_shadow`` (scanned groups the scan-skip rule would
+have skipped: under ``scan_skip="none"`` the scans it would save) and ``scan_skip_shadow_accepted``
+(of those, the accepted ones: the acceptances it would lose), ``select_seconds`` (whole call) and
 ``scan_forward_seconds`` (inside scorer calls).
 
 Ages
@@ -96,7 +99,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from verl_replay.headroom_drift.events import evict_record, ingress_record, scan_record
+from verl_replay.headroom_drift.events import evict_record, ingress_record, scan_record, skip_record
 from verl_replay.headroom_drift.packing import (
     decode_meta,
     encode_meta,
@@ -106,6 +109,7 @@ from verl_replay.headroom_drift.packing import (
     unpack_bits,
     unpack_ids,
 )
+from verl_replay.headroom_drift.scan_skip import SCAN_SKIPS, CooldownRule, History
 from verl_replay.headroom_drift.scores import (
     DRIFT_NORMS,
     WEIGHTINGS,
@@ -135,11 +139,12 @@ SCAN_ORDERS: tuple[str, ...] = ("headroom", "recency")
 Scorer = Callable[[list["ReplayGroup"]], Sequence[Tensor]]
 
 _FILE_MAGIC = b"VERL-REPLAY-BUFFER v1\n"  # the container (hash header), not the state format
-# 3: packed groups + generating weight versions; 2: packed groups; 1: one tensor per field + meta
-# dicts (1 and 2 are read, not written: their groups get generated_version = birth_step - 1, the
-# synchronous assumption under which their ages were counted)
-_STATE_FORMAT = 3
-_READABLE_FORMATS = (1, 2, 3)
+# 4: + the scan-skip rule's history of each group (Headroom-Drift); 3: packed groups + generating
+# weight versions; 2: packed groups; 1: one tensor per field + meta dicts (1-3 are read, not
+# written: their groups have no scan-skip history, and 1 and 2 get generated_version =
+# birth_step - 1, the synchronous assumption under which their ages were counted)
+_STATE_FORMAT = 4
+_READABLE_FORMATS = (1, 2, 3, 4)
 
 
 # ============================================================================ ReplayGroup
@@ -587,6 +592,9 @@ class ScanRecord:
     replay_kl: float | None  # k3 token mean; None = not measured (naive buffer)
     num_valid_tokens: int
     accepted: bool
+    # would the configured scan-skip rule have skipped this scan (its shadow over the paper's
+    # scan; never true when the rule is live); None = no rule (naive buffer)
+    would_skip: bool | None = None
 
 
 @dataclass
@@ -601,6 +609,8 @@ class SelectionResult:
     scored_groups: int = 0  # groups given to the scorer (>= scanned: unused last-chunk tail)
     chunk_groups: tuple[int, ...] = ()  # groups given to the scorer, per call
     chunk_rows: tuple[int, ...] = ()  # responses (rows) given to the scorer, per call
+    # groups replay.scan_skip left out of the scan: (group_id, step and drift of its last scan)
+    skipped: tuple[tuple[int, int, float], ...] = ()
 
     @property
     def accepted_ids(self) -> list[int]:
@@ -613,8 +623,9 @@ class SelectionResult:
         return sum(-(-rows // r) * r for rows in self.chunk_rows)
 
     def events(self) -> list[dict[str, Any]]:
-        """``scan`` event records for :class:`~verl_replay.headroom_drift.events.ReplayEventLog`."""
-        return [
+        """``scan`` event records (and one ``skip`` record when groups were skipped) for
+        :class:`~verl_replay.headroom_drift.events.ReplayEventLog`."""
+        records = [
             scan_record(
                 step=self.step,
                 group_id=r.group_id,
@@ -627,9 +638,14 @@ class SelectionResult:
                 age=r.age,
                 birth_step=r.birth_step,
                 generated_version=r.generated_version,
+                would_skip=r.would_skip,
             )
             for r in self.records
         ]
+        if self.skipped:
+            ids, steps, drifts = zip(*self.skipped, strict=True)
+            records.append(skip_record(step=self.step, group_ids=ids, last_step=steps, last_drift=drifts))
+        return records
 
 
 def age_at(step: int, generated_version: int) -> int:
@@ -966,7 +982,11 @@ class _FifoReplayStore:
             raise ValueError(f"state was saved by {state.get('kind')!r}, cannot load into {self._KIND!r}")
         saved_cfg = dict(state["config"])
         if self._KIND == HeadroomDriftBuffer._KIND:
-            saved_cfg.setdefault("scan_order", "headroom")  # states saved before the option existed
+            # states saved before these options existed
+            saved_cfg.setdefault("scan_order", "headroom")
+            saved_cfg.setdefault("scan_skip", "none")
+            saved_cfg.setdefault("scan_skip_margin", 2.0)
+            saved_cfg.setdefault("scan_skip_versions", 8)
         mine = self.config()
         diff = sorted(k for k in set(saved_cfg) | set(mine) if saved_cfg.get(k) != mine.get(k))
         if diff and strict:
@@ -1151,6 +1171,13 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         ingress: "answer_disagree" (default) or "nonzero_advantage".
         scan_order: "headroom" (default: highest cached Headroom first) or "recency" (newest
             birth step first, Headroom ignored: the Policy-Drift-only ablation).
+        scan_skip: "none" (default: the paper's scan, every candidate reached is forwarded) or
+            "cooldown" (beyond the paper: a group whose last scan measured a drift above
+            ``scan_skip_margin`` x tau, in rms units, is not scanned for ``scan_skip_versions``
+            weight versions, None = never again; :mod:`~verl_replay.headroom_drift.scan_skip`).
+            Under "none" the same rule runs as a shadow: each scan records whether it would have
+            been skipped (``ScanRecord.would_skip``), and nothing is decided by it.
+        scan_skip_margin, scan_skip_versions: the cooldown rule's parameters.
     """
 
     _KIND = "HeadroomDriftBuffer"
@@ -1167,9 +1194,13 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         max_scan_groups: int | None = None,
         ingress: str = "answer_disagree",
         scan_order: str = "headroom",
+        scan_skip: str = "none",
+        scan_skip_margin: float = 2.0,
+        scan_skip_versions: int | None = 8,
     ) -> None:
         super().__init__(capacity=capacity, k_rep=k_rep, ingress=ingress, weighting=weighting)
         self.scan_order = _check_choice("scan_order", scan_order, SCAN_ORDERS)
+        self.scan_skip = _check_choice("scan_skip", scan_skip, SCAN_SKIPS)
         if isinstance(tau, bool) or not isinstance(tau, (int, float, np.floating, np.integer)):
             raise ValueError(f"tau must be a number, got {tau!r}")
         if math.isnan(float(tau)) or float(tau) < 0:
@@ -1178,6 +1209,13 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         self.drift_norm = _check_choice("drift_norm", drift_norm, DRIFT_NORMS)
         self.scan_chunk_groups = _check_int("scan_chunk_groups", scan_chunk_groups, 1)
         self.max_scan_groups = None if max_scan_groups is None else _check_int("max_scan_groups", max_scan_groups, 1)
+        versions = None if scan_skip_versions is None else _check_int("scan_skip_versions", scan_skip_versions, 1)
+        self._rule = CooldownRule(
+            tau=self.tau, margin=float(scan_skip_margin), versions=versions, drift_norm=self.drift_norm
+        )
+        # group_id -> (step, drift) of the rule's last scan of the group (the scans it would have
+        # made): decides the skips under scan_skip="cooldown", the shadow flags under "none"
+        self._skip_history: dict[int, History] = {}
         # ranking heap with lazy invalidation (see module docstring)
         self._heap: list[tuple[float, int, int, int]] = []
         # -birth_step objects shared by all entries of one birth step (an int per entry otherwise)
@@ -1194,8 +1232,55 @@ class HeadroomDriftBuffer(_FifoReplayStore):
             scan_chunk_groups=self.scan_chunk_groups,
             max_scan_groups=self.max_scan_groups,
             scan_order=self.scan_order,
+            scan_skip=self.scan_skip,
+            scan_skip_margin=self._rule.margin,
+            scan_skip_versions=self._rule.versions,
         )
         return cfg
+
+    @property
+    def skip_history(self) -> Mapping[int, History]:
+        """Read-only view ``group_id -> (step, drift)`` of the scan-skip rule's last scans."""
+        return MappingProxyType(self._skip_history)
+
+    def fingerprint(self) -> str:
+        """The buffer's fingerprint (see the base class); with a live scan-skip rule its history
+        decides what is scanned, so it is covered too."""
+        base = super().fingerprint()
+        if self.scan_skip == "none":
+            return base
+        digest = hashlib.sha256(base.encode())
+        for gid, (step, drift) in sorted(self._skip_history.items()):
+            digest.update(struct.pack("<qqd", gid, step, drift))
+        return digest.hexdigest()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        ids = sorted(self._skip_history)
+        state["scan_history"] = {
+            "group_id": torch.tensor(ids, dtype=torch.int64),
+            "step": torch.tensor([self._skip_history[g][0] for g in ids], dtype=torch.int64),
+            "drift": torch.tensor([self._skip_history[g][1] for g in ids], dtype=torch.float64),
+        }
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
+        """As the base class; format 4 also restores the scan-skip history (checked: one entry per
+        buffered group at most, no NaN drift); older formats start with none."""
+        super().load_state_dict(state, strict=strict)
+        history: dict[int, History] = {}
+        saved = state.get("scan_history") if state.get("format", 0) >= 4 else None
+        if saved is not None:
+            ids, steps, drifts = saved["group_id"].tolist(), saved["step"].tolist(), saved["drift"].tolist()
+            if not len(ids) == len(steps) == len(drifts) or len(set(ids)) != len(ids):
+                raise ValueError("replay buffer state is inconsistent: scan-skip history entries do not match")
+            known = set(state["groups"]["group_id"].tolist())
+            for gid, step, drift in zip(ids, steps, drifts, strict=True):
+                if gid not in known or math.isnan(drift):
+                    raise ValueError(f"replay buffer state is inconsistent: scan-skip history of group {gid}")
+                if gid in self._groups:  # strict=False may have dropped the oldest groups
+                    history[gid] = (int(step), float(drift))
+        self._skip_history = history
 
     # -- ranking structure --------------------------------------------------------------------
 
@@ -1221,6 +1306,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
 
     def _on_evict(self, group: ReplayGroup) -> None:
         group._rank = None  # its heap entry is now stale
+        self._skip_history.pop(group.group_id, None)
 
     def _after_mutation(self) -> None:
         # compact once stale entries exceed a quarter of the live ones (+ slack so tiny buffers
@@ -1246,6 +1332,24 @@ class HeadroomDriftBuffer(_FifoReplayStore):
             entry = heapq.heappop(self._heap)
             if self._is_live(entry):
                 out.append(entry)
+        return out
+
+    def _pop_scannable(
+        self, want: int, step: int, skipped: list[tuple[float, int, int, int]], position: list[int]
+    ) -> list[tuple[tuple[float, int, int, int], int]]:
+        """Pop up to ``want`` live entries the scan forwards, in rank order, each with its 1-based
+        rank; entries the live scan-skip rule skips go to ``skipped`` (they keep their rank)."""
+        out: list[tuple[tuple[float, int, int, int], int]] = []
+        live = self.scan_skip != "none"
+        while len(out) < want and self._heap:
+            entry = heapq.heappop(self._heap)
+            if not self._is_live(entry):
+                continue
+            position[0] += 1
+            if live and self._rule.skips(self._skip_history.get(entry[3]), step):
+                skipped.append(entry)
+            else:
+                out.append((entry, position[0]))
         return out
 
     # -- selection ------------------------------------------------------------------------------
@@ -1298,6 +1402,10 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         refresh. The decisions do not depend on the chunk sizes (given a scorer whose output
         for a group does not depend on its chunk). If the scorer raises, the buffer is left
         exactly as before.
+
+        ``scan_skip="cooldown"`` leaves out of the scan the groups its rule skips (see the class
+        docstring): they are neither forwarded nor refreshed, keep their place in the ranking,
+        and do not count against ``max_scan_groups``; a record's rank still counts them.
         """
         t0 = time.perf_counter()
         step = _check_int("step", step, -(2**62))
@@ -1307,6 +1415,9 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         candidates = len(self._groups)
         budget = candidates if self.max_scan_groups is None else min(candidates, self.max_scan_groups)
         popped: list[tuple[float, int, int, int]] = []
+        skipped: list[tuple[float, int, int, int]] = []
+        position = [0]  # live entries popped so far (scanned or skipped): the next rank - 1
+        history: dict[int, History] = {}  # the rule's new history entries, committed at the end
         records: list[ScanRecord] = []
         refreshed: dict[int, float] = {}
         accepted: list[ReplayGroup] = []
@@ -1316,7 +1427,10 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         done = False
         try:
             while not done and len(records) < budget:
-                chunk = self._pop_live(self._chunk_size(len(accepted), len(records), budget, multiple))
+                ranked = self._pop_scannable(
+                    self._chunk_size(len(accepted), len(records), budget, multiple), step, skipped, position
+                )
+                chunk = [e for e, _ in ranked]
                 popped.extend(chunk)
                 if not chunk:
                     break
@@ -1328,13 +1442,17 @@ class HeadroomDriftBuffer(_FifoReplayStore):
                 chunk_rows.append(sum(g.n for g in groups))
                 if len(outputs) != len(groups):
                     raise ValueError(f"scorer returned {len(outputs)} tensors for {len(groups)} groups")
-                for g, lp in zip(groups, outputs, strict=True):
+                for g, lp, (_, rank) in zip(groups, outputs, ranked, strict=True):
                     sc = self._score(g, lp)
                     ok = sc.drift <= self.tau
+                    # under "none" the rule's shadow; under a live rule false (skips never get here)
+                    would_skip = self._rule.skips(self._skip_history.get(g.group_id), step)
+                    if not would_skip:
+                        history[g.group_id] = (step, sc.drift)
                     records.append(
                         ScanRecord(
                             group_id=g.group_id,
-                            rank=len(records) + 1,
+                            rank=rank,
                             birth_step=g.birth_step,
                             generated_version=g.generated_version,
                             age=age_at(step, g.generated_version),
@@ -1344,6 +1462,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
                             replay_kl=sc.replay_kl,
                             num_valid_tokens=sc.num_valid_tokens,
                             accepted=ok,
+                            would_skip=would_skip,
                         )
                     )
                     refreshed[g.group_id] = sc.headroom
@@ -1353,7 +1472,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
                             done = True
                             break
         except BaseException:
-            for e in popped:  # untouched entries are still the live ones: just put them back
+            for e in popped + skipped:  # untouched entries are still the live ones: just put them back
                 heapq.heappush(self._heap, e)
             raise
         # commit: refreshed groups get new entries (old ones are the popped, now dropped,
@@ -1366,11 +1485,18 @@ class HeadroomDriftBuffer(_FifoReplayStore):
                 self._push(g)
             else:
                 heapq.heappush(self._heap, e)
+        for e in skipped:  # skipped: unchanged, same place in the ranking
+            heapq.heappush(self._heap, e)
+        skipped_info = tuple((e[3], *self._skip_history[e[3]]) for e in skipped)
+        self._skip_history.update(history)
         for g in accepted:
             g.replay_count += 1
         self._after_mutation()
         self._previous_scan = (len(accepted), len(records))
         stats = self._stats(records, candidates)
+        stats["scan_skipped"] = float(len(skipped))
+        stats["scan_skip_shadow"] = float(sum(bool(r.would_skip) for r in records))
+        stats["scan_skip_shadow_accepted"] = float(sum(bool(r.would_skip) and r.accepted for r in records))
         stats["scan_unused_groups"] = float(len(popped) - len(records))
         stats["scan_forward_seconds"] = forward_s
         stats["select_seconds"] = time.perf_counter() - t0
@@ -1383,6 +1509,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
             scored_groups=len(popped),
             chunk_groups=tuple(chunk_groups),
             chunk_rows=tuple(chunk_rows),
+            skipped=skipped_info,
         )
 
     def _stats(self, records: list[ScanRecord], candidates: int) -> dict[str, float]:

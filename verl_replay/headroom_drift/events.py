@@ -7,6 +7,10 @@ One JSON object per line, each with an ``"event"`` field:
                   trajectory, 1 for single-turn rows; images, the pictures in its prompt)
 * ``scan``:       step, group_id, rank, drift, replay_kl, headroom_before, headroom_after,
                   accepted, age, birth_step, generated_version
+                  (+ ``would_skip``: whether the configured scan-skip rule would have skipped
+                  the scan, see :mod:`~verl_replay.headroom_drift.scan_skip`)
+* ``skip``:       step, group_ids, last_step, last_drift (the groups ``replay.scan_skip`` did
+                  not scan this step, with the scan that started each skip)
 * ``evict``:      step, group_id, birth_step, lifetime_replay_count
 * ``fresh``:      step, age, drift (one entry per fresh group of the step, in the same order;
                   drift is ``null`` where the floor is not measured, see below)
@@ -48,10 +52,11 @@ __all__ = [
     "read_events",
     "round_record",
     "scan_record",
+    "skip_record",
     "step_record",
 ]
 
-EVENT_TYPES: tuple[str, ...] = ("ingress", "scan", "evict", "fresh", "round", "step", "checkpoint", "resume")
+EVENT_TYPES: tuple[str, ...] = ("ingress", "scan", "skip", "evict", "fresh", "round", "step", "checkpoint", "resume")
 
 
 def _opt_float(x: float | None) -> float | None:
@@ -93,8 +98,9 @@ def scan_record(
     age: int,
     birth_step: int,
     generated_version: int,
+    would_skip: bool | None = None,
 ) -> dict[str, Any]:
-    return {
+    record = {
         "event": "scan",
         "step": int(step),
         "group_id": int(group_id),
@@ -107,6 +113,24 @@ def scan_record(
         "age": int(age),
         "birth_step": int(birth_step),
         "generated_version": int(generated_version),
+    }
+    if would_skip is not None:
+        record["would_skip"] = bool(would_skip)
+    return record
+
+
+def skip_record(
+    *, step: int, group_ids: Sequence[int], last_step: Sequence[int], last_drift: Sequence[float]
+) -> dict[str, Any]:
+    """The groups a scan-skip rule left out of one step's scan, each with its last scan."""
+    if not len(group_ids) == len(last_step) == len(last_drift):
+        raise ValueError("skip record: group_ids, last_step and last_drift differ in length")
+    return {
+        "event": "skip",
+        "step": int(step),
+        "group_ids": [int(g) for g in group_ids],
+        "last_step": [int(s) for s in last_step],
+        "last_drift": [float(d) for d in last_drift],
     }
 
 

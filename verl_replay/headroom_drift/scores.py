@@ -57,7 +57,10 @@ __all__ = [
 ]
 
 WEIGHTINGS: tuple[str, ...] = ("sign", "advantage")
-DRIFT_NORMS: tuple[str, ...] = ("l2", "l1")
+# l2: root mean square of the token log-ratios; mean_sq: its square (the paper's units, tau_sq =
+# tau_rms**2: the same decisions); l1: mean absolute log-ratio (ablation)
+DRIFT_NORMS: tuple[str, ...] = ("l2", "l1", "mean_sq")
+_SQUARED_NORMS = ("l2", "mean_sq")  # norms aggregating r^2
 
 _WORK = torch.float64  # internal accumulation dtype
 _OUT = torch.float32  # public result dtype
@@ -180,6 +183,8 @@ def _drift_from_sums(sq_sum: Tensor, abs_sum: Tensor, count: Tensor, norm: str) 
     count = count.to(_WORK)
     if norm == "l2":
         return torch.sqrt(_ratio_or_zero(sq_sum, count))
+    if norm == "mean_sq":
+        return _ratio_or_zero(sq_sum, count)
     return _ratio_or_zero(abs_sum, count)
 
 
@@ -238,7 +243,8 @@ def policy_drift(
 ) -> Tensor:  # [G] float32, >= 0
     """Policy Drift of each group over all its valid tokens.
 
-    ``l2``: sqrt(mean r^2); ``l1``: mean |r|; r = l_theta - l_gen. 0 for a group without tokens.
+    ``l2``: sqrt(mean r^2); ``mean_sq``: mean r^2 (the paper's units); ``l1``: mean |r|;
+    r = l_theta - l_gen. 0 for a group without tokens.
     """
     _check_norm(norm)
     r, count = _padded_log_ratio(log_probs, gen_log_probs, response_mask)
@@ -356,11 +362,11 @@ def _headroom_one(log_probs: Tensor, valid: Tensor, lengths: Tensor, adv: Tensor
 def _drift_kl_one(log_probs: Tensor, gen_log_probs: Tensor, valid: Tensor, norm: str) -> tuple[float, float, int]:
     """(drift, replay KL, valid tokens) of one validated ragged group."""
     r = _log_ratio(log_probs, gen_log_probs, valid)
-    agg = (r * r) if norm == "l2" else r.abs()
+    agg = (r * r) if norm in _SQUARED_NORMS else r.abs()
     s_agg, s_k3, count = torch.stack([agg.sum(), _k3(r).sum(), valid.sum().to(_WORK)]).tolist()
     if count == 0:
         return 0.0, 0.0, 0
-    drift = math.sqrt(s_agg / count) if norm == "l2" else s_agg / count
+    drift = math.sqrt(s_agg / count) if norm == "l2" else s_agg / count  # mean_sq, l1: the mean
     return _f32(drift), _f32(s_k3 / count), int(count)
 
 

@@ -44,7 +44,15 @@ def test_no_state_is_reported_not_guessed(tmp_path):
 
 @pytest.mark.parametrize(
     "key, value",
-    [("tau", 0.1), ("k_rep", 3), ("capacity", 8), ("ingress", "nonzero_advantage"), ("scan_order", "recency")],
+    [
+        ("tau", 0.1),
+        ("k_rep", 3),
+        ("capacity", 8),
+        ("ingress", "nonzero_advantage"),
+        ("scan_order", "recency"),
+        ("scan_skip", "cooldown"),
+        ("drift_norm", "mean_sq"),
+    ],
 )
 def test_decision_settings_must_match(tmp_path, key, value):
     folder = saved_state(tmp_path)
@@ -65,6 +73,29 @@ def test_a_manifest_written_before_scan_order_existed_means_headroom_order(tmp_p
     recency = decision_settings(ReplayConfig.from_mapping({**base, "scan_order": "recency"}))
     with pytest.raises(ReplayStateError, match="replay.scan_order was 'headroom'"):
         check_state_manifest(folder, step=4, identity=IDENTITY, settings=recency)
+
+
+def test_a_manifest_written_before_scan_skip_existed_means_the_papers_scan(tmp_path):
+    folder = saved_state(tmp_path)
+    manifest = json.loads((folder / STATE_MANIFEST).read_text())
+    del manifest["settings"]["scan_skip"]
+    (folder / STATE_MANIFEST).write_text(json.dumps(manifest))
+    base = {"strategy": "headroom_drift", "k_rep": 2, "tau": 0.05}
+    # under the paper's scan the rule's parameters shape only its shadow: free to change
+    shadow = decision_settings(ReplayConfig.from_mapping({**base, "scan_skip_margin": 3.0}))
+    assert check_state_manifest(folder, step=4, identity=IDENTITY, settings=shadow)
+    live = decision_settings(ReplayConfig.from_mapping({**base, "scan_skip": "cooldown"}))
+    with pytest.raises(ReplayStateError, match="replay.scan_skip was 'none'"):
+        check_state_manifest(folder, step=4, identity=IDENTITY, settings=live)
+
+
+def test_a_live_rule_keeps_its_parameters(tmp_path):
+    live = {"strategy": "headroom_drift", "k_rep": 2, "tau": 0.05, "scan_skip": "cooldown"}
+    folder = saved_state(tmp_path, ReplayConfig.from_mapping(live))
+    for key, value in (("scan_skip_margin", 3.0), ("scan_skip_versions", None)):
+        changed = decision_settings(ReplayConfig.from_mapping({**live, key: value}))
+        with pytest.raises(ReplayStateError, match=f"replay.{key} was"):
+            check_state_manifest(folder, step=4, identity=IDENTITY, settings=changed)
 
 
 @pytest.mark.parametrize("key", sorted(IDENTITY))
@@ -108,3 +139,46 @@ def test_states_of_pruned_checkpoints_are_removed(tmp_path):
     assert (tmp_path / "global_step_2" / "data.pt").read_bytes() == b"verl's dataloader state"
     shutil.rmtree(tmp_path / "global_step_6" / "actor")
     assert prune_orphaned_states(tmp_path, "replay", keep_step=6) == []  # the step being saved is kept
+
+
+def _checkpoint(root, step, *, actor=True, buffer=b"groups"):
+    from verl_replay.integrations.verl.replay_state import STATE_DIR
+
+    state = root / f"global_step_{step}" / STATE_DIR
+    state.mkdir(parents=True)
+    if actor:
+        (state.parent / "actor").mkdir()
+    (state / "group_buffer.pt").write_bytes(buffer)
+    write_state_manifest(state, step=step, identity={"trainer_mode": "sync"}, settings={})
+    return state
+
+
+def test_the_driver_verifies_every_file_and_the_manifest_itself(tmp_path):
+    from verl_replay.integrations.verl.replay_state import verify_state
+
+    assert verify_state(tmp_path / "none") is False
+    state = _checkpoint(tmp_path, 3)
+    assert verify_state(state) is True
+    with open(state / "group_buffer.pt", "r+b") as handle:
+        handle.truncate(2)  # torn
+    with pytest.raises(ReplayStateError, match=r"group_buffer.pt is missing or does not match its recorded sha256"):
+        verify_state(state)
+    (state / "replay_state.json").write_text("{torn")
+    with pytest.raises(ReplayStateError, match=r"replay_state.json is corrupted"):
+        verify_state(state)
+    (state / "replay_state.json").write_text(json.dumps({"format": 99, "files": {}}))
+    with pytest.raises(ReplayStateError, match=r"replay state format 99"):
+        verify_state(state)
+
+
+def test_the_newest_intact_checkpoint_skips_damaged_and_model_less_ones(tmp_path):
+    from verl_replay.integrations.verl.replay_state import STATE_DIR, newest_intact_checkpoint
+
+    _checkpoint(tmp_path, 2)
+    _checkpoint(tmp_path, 4, actor=False)  # verl's model state is gone: nothing to resume
+    damaged = _checkpoint(tmp_path, 6)
+    (damaged / "group_buffer.pt").write_bytes(b"edited")
+    _checkpoint(tmp_path, 8)
+    assert newest_intact_checkpoint(tmp_path, STATE_DIR, before_step=8) == tmp_path / "global_step_2"
+    assert newest_intact_checkpoint(tmp_path, STATE_DIR, before_step=9) == tmp_path / "global_step_8"
+    assert newest_intact_checkpoint(tmp_path, STATE_DIR, before_step=2) is None

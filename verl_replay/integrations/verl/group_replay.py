@@ -149,6 +149,9 @@ def build_buffer(config: ReplayConfig) -> HeadroomDriftBuffer | NaiveReplayBuffe
         max_scan_groups=config.max_scan_groups,
         ingress=config.ingress,
         scan_order=config.scan_order,
+        scan_skip=config.scan_skip,
+        scan_skip_margin=config.scan_skip_margin,
+        scan_skip_versions=config.scan_skip_versions,
     )
 
 
@@ -311,7 +314,7 @@ class GroupReplayStream(ReplayStream):
         round_of = {group.group_id: r for r, groups in enumerate(self._by_round) for group in groups}
         records = result.events()
         for record in records:
-            if record["accepted"]:
+            if record.get("accepted"):  # scan records (a skip record has none)
                 record["round"] = round_of[record["group_id"]]
         self.event_log.extend(records)
 

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Optional
 from verl_replay.config import ReplayConfig
 
 STATE_MANIFEST = "replay_state.json"
+STATE_DIR = "replay"  # the replay state's folder inside verl's global_step_N/
 STATE_FORMAT = 1
 # Replay settings a resumed run must share with the state it continues (they change decisions).
 DECISION_SETTINGS = (
@@ -37,10 +38,13 @@ DECISION_SETTINGS = (
     "max_scan_groups",
     "ingress",
     "scan_order",
+    "scan_skip",
 )
+# The rule's parameters decide only under a live rule (under scan_skip=none they shape a shadow).
+SCAN_SKIP_PARAMETERS = ("scan_skip_margin", "scan_skip_versions")
 ELITE_DECISION_SETTINGS = ("batch_size", "seed")
 # Decision settings newer than some saved states, with the value those states were saved under.
-_SETTINGS_ADDED_LATER = {"scan_order": "headroom"}
+_SETTINGS_ADDED_LATER = {"scan_order": "headroom", "scan_skip": "none"}
 
 
 class ReplayStateError(ValueError):
@@ -49,6 +53,8 @@ class ReplayStateError(ValueError):
 
 def decision_settings(config: ReplayConfig) -> dict[str, Any]:
     settings = {key: getattr(config, key) for key in DECISION_SETTINGS}
+    if config.scan_skip != "none":
+        settings.update({key: getattr(config, key) for key in SCAN_SKIP_PARAMETERS})
     if config.uses_elite:
         settings.update({f"elite.{key}": getattr(config.elite, key) for key in ELITE_DECISION_SETTINGS})
     return settings
@@ -122,12 +128,7 @@ def check_state_manifest(
         )
     if manifest.get("global_step") != step:
         raise ReplayStateError(f"{manifest_path} belongs to global step {manifest.get('global_step')}, not {step}")
-    for name, digest in manifest.get("files", {}).items():
-        path = root / name
-        if not path.is_file() or _sha256(path) != digest:
-            raise ReplayStateError(
-                f"{path} is missing or does not match its recorded sha256 (torn or edited checkpoint)"
-            )
+    _check_files(root, manifest)
     for key, saved in manifest.get("identity", {}).items():
         if identity.get(key) != saved:
             raise ReplayStateError(
@@ -143,6 +144,59 @@ def check_state_manifest(
                 f"(set replay.{key}={saved_settings.get(key)!r}, or start a new run)"
             )
     return True
+
+
+def _check_files(root: Path, manifest: Mapping[str, Any]) -> None:
+    for name, digest in manifest.get("files", {}).items():
+        path = root / name
+        if not path.is_file() or _sha256(path) != digest:
+            raise ReplayStateError(
+                f"{path} is missing or does not match its recorded sha256 (torn or edited checkpoint)"
+            )
+
+
+def _read_manifest(manifest_path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ReplayStateError(f"{manifest_path} is corrupted ({error})") from None
+    if not isinstance(manifest, dict):
+        raise ReplayStateError(f"{manifest_path} is corrupted (not a JSON object)")
+    return manifest
+
+
+def verify_state(folder: str | os.PathLike) -> bool:
+    """Every file of the replay state in ``folder`` is there and matches its recorded sha256, and the
+    manifest is readable and of this format; False when ``folder`` holds no state. Raises
+    :class:`ReplayStateError` naming the damaged file. The driver calls it before anything starts."""
+    root = Path(folder)
+    manifest_path = root / STATE_MANIFEST
+    if not manifest_path.is_file():
+        return False
+    manifest = _read_manifest(manifest_path)
+    if manifest.get("format") != STATE_FORMAT:
+        raise ReplayStateError(
+            f"{manifest_path}: replay state format {manifest.get('format')!r}, this version reads {STATE_FORMAT}"
+        )
+    _check_files(root, manifest)
+    return True
+
+
+def newest_intact_checkpoint(checkpoint_root: str | os.PathLike, state_dir: str, before_step: int) -> Optional[Path]:
+    """The newest ``global_step_N`` (N < ``before_step``) under ``checkpoint_root`` whose replay state
+    verifies and whose model state verl saved (``actor/``); None if there is none."""
+    steps = []
+    for step_dir in Path(checkpoint_root).glob("global_step_*"):
+        suffix = step_dir.name.rpartition("_")[2]
+        if suffix.isdigit() and int(suffix) < before_step:
+            steps.append((int(suffix), step_dir))
+    for _, step_dir in sorted(steps, reverse=True):
+        try:
+            if (step_dir / "actor").is_dir() and verify_state(step_dir / state_dir):
+                return step_dir
+        except ReplayStateError:
+            continue
+    return None
 
 
 def changed_settings(
