@@ -51,6 +51,7 @@ quote_cmd() {
 run_stage() {
   local stage=$1
   shift
+  stop_on_input_problems
   log "$stage: $(quote_cmd "$@")"
   "$@"
 }
@@ -59,6 +60,7 @@ run_stage() {
 show_stage() {
   local stage=$1
   shift
+  stop_on_input_problems
   log "$stage (DRY_RUN=1, not run): $(quote_cmd "$@")"
 }
 
@@ -110,10 +112,15 @@ check_stages() {
 
 stage_on() { [[ ",$STAGES," == *",$1,"* ]]; }
 
+# Missing inputs are collected, not fatal one by one: a stage checks all of its inputs, the
+# preflight (when it runs) checks the stack too, and then every problem is reported together
+# (stop_on_input_problems; run_stage and show_stage stop on them in any case).
+INPUT_PROBLEMS=()
+
 # require_file PATH [WHAT]: the file exists (skipped under DRY_RUN=1: the run only composes).
 require_file() {
   is_true "$DRY_RUN" && return 0
-  [[ -f "$1" ]] || die "${2:-input} not found: $1"
+  [[ -f "$1" ]] || INPUT_PROBLEMS+=("${2:-input} not found: $1")
 }
 
 # require_model PATH: a local model directory, or a hub id such as Qwen/Qwen3.5-4B (org/name that
@@ -125,7 +132,29 @@ require_model() {
     log "model '$1' is not a local directory: treating it as a hub id"
     return 0
   fi
-  die "model directory not found: $1 (set MODEL_PATH)"
+  INPUT_PROBLEMS+=("model directory not found: $1 (set MODEL_PATH)")
+}
+
+# report_input_problems: one error line per missing input (and where prepared data sets come
+# from); returns 1 when there were any.
+report_input_problems() {
+  ((${#INPUT_PROBLEMS[@]})) || return 0
+  local problem data=0
+  for problem in "${INPUT_PROBLEMS[@]}"; do
+    printf '[%s] error: %s\n' "$RECIPE_NAME" "$problem" >&2
+    [[ "$problem" == *" set ("*"_FILES) not found: "* ]] && data=1
+  done
+  if ((data)); then
+    local sets=${DATA_PREPARE:-bird,spider,ambiqt,math,search,geo3k}
+    [[ "$sets" == *,* ]] && sets="{$sets}"
+    log "the data sets are written from your downloads by python -m verl_replay.data prepare $sets --input DOWNLOAD --output ${DATA_DIR:-DATA_DIR} (recipes/README.md, Data; or point TRAIN_FILES / VAL_FILES / EVAL_FILES at them)"
+  fi
+  return 1
+}
+
+# stop_on_input_problems: report the missing inputs, if any, and stop the recipe.
+stop_on_input_problems() {
+  report_input_problems || die "${#INPUT_PROBLEMS[@]} input(s) missing (above)"
 }
 
 # split_csv VAR CSV: VAR becomes an array of the non-empty comma-separated fields of CSV.
@@ -460,9 +489,18 @@ setup_attention() {
     USE_REMOVE_PADDING=True
     return 0
   fi
-  local choice
-  choice="$("$PYTHON" -m verl_replay.preflight --choose-attn "$ATTN_IMPL")" ||
+  local choice why line
+  why="$(mktemp)"
+  # its reason is the recipe's line, not a preflight result (the preflight has not run yet)
+  choice="$("$PYTHON" -m verl_replay.preflight --choose-attn "$ATTN_IMPL" 2>"$why")" || {
+    cat "$why" >&2
+    rm -f "$why"
     die "could not choose the attention implementation ($PYTHON -m verl_replay.preflight --choose-attn $ATTN_IMPL)"
+  }
+  while IFS= read -r line; do
+    if [[ "$line" == "[preflight] attention: "* ]]; then log "attention: ${line#\[preflight\] attention: }"; else printf '%s\n' "$line" >&2; fi
+  done <"$why"
+  rm -f "$why"
   read -r ATTN_IMPL USE_REMOVE_PADDING <<<"$choice"
 }
 
@@ -491,7 +529,10 @@ cluster_overrides() {
 # PREFLIGHT=table prints the per-GPU memory budget of the config instead (no checks, any machine).
 run_preflight() {
   local generation_gpus=$1
-  [[ -z "${PREFLIGHT_DONE:-}" ]] || return 0
+  if [[ -n "${PREFLIGHT_DONE:-}" ]]; then
+    stop_on_input_problems
+    return 0
+  fi
   PREFLIGHT_DONE=1
   : "${PREFLIGHT:=1}"
   require_one_of PREFLIGHT 1 0 only table
@@ -499,13 +540,23 @@ run_preflight() {
   local arg
   for arg in "${TRAIN_ARGS[@]}"; do [[ "$arg" == dry_run=* ]] || args+=("$arg"); done
   if [[ "$PREFLIGHT" == table ]]; then
+    INPUT_PROBLEMS=() # the memory budget reads the config only
     run_stage memory "$PYTHON" -m verl_replay.preflight --memory-table "${args[@]}"
     exit 0
   fi
-  if is_true "$DRY_RUN" || [[ "$PREFLIGHT" == 0 ]]; then return 0; fi
+  if is_true "$DRY_RUN" || [[ "$PREFLIGHT" == 0 ]]; then
+    stop_on_input_problems
+    return 0
+  fi
+  # the stack is checked even when inputs are missing: every problem is reported in one go
   log "preflight: $(quote_cmd "$PYTHON" -m verl_replay.preflight --stages "$STAGES" --generation-gpus "$generation_gpus" "${args[@]}")"
-  "$PYTHON" -m verl_replay.preflight --stages "$STAGES" --generation-gpus "$generation_gpus" "${args[@]}" ||
-    die "preflight failed: fix the FAIL lines above (PREFLIGHT=0 skips this check)"
+  local stack_ok=1
+  "$PYTHON" -m verl_replay.preflight --stages "$STAGES" --generation-gpus "$generation_gpus" "${args[@]}" || stack_ok=0
+  if ! report_input_problems; then
+    if ((stack_ok)); then die "${#INPUT_PROBLEMS[@]} input(s) missing (above); the stack checks passed"; fi
+    die "${#INPUT_PROBLEMS[@]} input(s) missing and the preflight failed: fix the error and FAIL lines above (PREFLIGHT=0 skips the stack checks)"
+  fi
+  ((stack_ok)) || die "preflight failed: fix the FAIL lines above (PREFLIGHT=0 skips this check)"
   if [[ "$PREFLIGHT" == only ]]; then
     log "preflight OK (PREFLIGHT=only: stopping here)"
     exit 0

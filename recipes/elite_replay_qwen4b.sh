@@ -54,6 +54,7 @@ elif is_true "$TINY"; then
 else
   : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
   : "${DATA_DIR:=$HOME/data/verl_replay}"
+  DATA_PREPARE=bird,spider,ambiqt
   # python -m verl_replay.data prepare bird --split train / --split dev, spider --split dev, ambiqt
   : "${TRAIN_FILES:=$DATA_DIR/bird_train.parquet}"
   : "${VAL_FILES:=$DATA_DIR/bird_dev.parquet}"
@@ -144,7 +145,7 @@ setup_attention
 setup_engine
 : "${SEARCH_MAX_MODEL_LEN:=$((MAX_MODEL_LEN + SEARCH_MAX_NEW_TOKENS))}" # mutation prompts add a parent
 
-print_settings STRATEGY STAGES TINY DRY_RUN MODEL_PATH TRAIN_FILES EVAL_FILES ARCHIVE RUN_DIR TOTAL_STEPS \
+print_settings STRATEGY STAGES TINY DRY_RUN MODEL_PATH TRAIN_FILES VAL_FILES EVAL_FILES ARCHIVE RUN_DIR TOTAL_STEPS \
   TRAIN_PROMPTS GROUP_SIZE PPO_MINI_PROMPTS PARAMETER_SYNC_STEP MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH MU \
   ELITE_BATCH_SIZE ATTN_IMPL
 
@@ -206,6 +207,20 @@ preflight() {
   VAL_FILES=$train_val_files
   run_preflight "$((SEARCH_TP > EVAL_TP ? SEARCH_TP : EVAL_TP))"
 }
+
+# PREFLIGHT=only stops after the first stage's checks: the later stages' data sets are checked with them
+if [[ "${PREFLIGHT:-1}" == only ]]; then
+  if stage_on search && stage_on train; then
+    val_files=()
+    split_csv val_files "$VAL_FILES"
+    for file in "${val_files[@]}"; do require_file "$file" "validation set (VAL_FILES)"; done
+  fi
+  if stage_on eval && { stage_on search || stage_on train; }; then
+    eval_files=()
+    split_csv eval_files "$EVAL_FILES"
+    for file in "${eval_files[@]}"; do require_file "$file" "evaluation set (EVAL_FILES)"; done
+  fi
+fi
 
 if stage_on search; then
   require_file "$TRAIN_FILES" "SQL training set (TRAIN_FILES)"

@@ -69,6 +69,7 @@ elif is_true "$TINY"; then
 elif [[ "$DOMAIN" == search ]]; then
   : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
   : "${DATA_DIR:=$HOME/data/verl_replay}"
+  DATA_PREPARE=search
   # python -m verl_replay.data prepare search --input SEARCH_R1_DATA --output DATA_DIR \
   #   --retrieval-url http://HOST:8000/retrieve  (the server: python -m verl_replay.search.server)
   : "${TRAIN_FILES:=$DATA_DIR/search_train.parquet}"
@@ -79,6 +80,7 @@ elif [[ "$DOMAIN" == search ]]; then
 elif [[ "$DOMAIN" == multimodal ]]; then
   : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
   : "${DATA_DIR:=$HOME/data/verl_replay}"
+  DATA_PREPARE=geo3k
   # python -m verl_replay.data prepare geo3k --input GEO3K_DIR --output DATA_DIR
   : "${TRAIN_FILES:=$DATA_DIR/geo3k_train.parquet}"
   : "${VAL_FILES:=$DATA_DIR/geo3k_test.parquet}"
@@ -87,6 +89,7 @@ elif [[ "$DOMAIN" == multimodal ]]; then
 else
   : "${MODEL_PATH:=$HOME/models/Qwen3.5-4B}"
   : "${DATA_DIR:=$HOME/data/verl_replay}"
+  DATA_PREPARE=math
   # python -m verl_replay.data prepare math --input TRAIN_SET --benchmark train / --input BENCH_DIR
   : "${TRAIN_FILES:=$DATA_DIR/math_train.parquet}"
   : "${VAL_FILES:=$DATA_DIR/math_math500.parquet}"
@@ -193,7 +196,7 @@ esac
 absolute_paths RUN_DIR EVAL_OUT
 if [[ -n "${EVAL_MODEL:-}" ]]; then absolute_model EVAL_MODEL; fi
 
-print_settings STRATEGY STAGES TINY DRY_RUN MODEL_PATH TRAIN_FILES EVAL_FILES RUN_DIR TOTAL_STEPS TRAIN_PROMPTS \
+print_settings STRATEGY STAGES TINY DRY_RUN MODEL_PATH TRAIN_FILES VAL_FILES EVAL_FILES RUN_DIR TOTAL_STEPS TRAIN_PROMPTS \
   GROUP_SIZE PPO_MINI_PROMPTS PARAMETER_SYNC_STEP K_REP TAU MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH ATTN_IMPL
 
 train_cmd() {
@@ -255,6 +258,13 @@ preflight() {
   VAL_FILES=$train_val_files
   run_preflight "$EVAL_TP"
 }
+
+# PREFLIGHT=only stops after the first stage's checks: the evaluation sets are checked with them
+if [[ "${PREFLIGHT:-1}" == only ]] && stage_on train && stage_on eval; then
+  eval_files=()
+  split_csv eval_files "$EVAL_FILES"
+  for file in "${eval_files[@]}"; do require_file "$file" "evaluation set (EVAL_FILES)"; done
+fi
 
 if stage_on train; then
   require_file "$TRAIN_FILES" "$DOMAIN training set (TRAIN_FILES)"

@@ -701,3 +701,38 @@ def test_preflight_runs_before_the_first_stage(inputs, tmp_path) -> None:
         {**inputs, "DRY_RUN": "1", "PREFLIGHT": "0", "STAGES": "eval", "EVAL_MODEL": inputs["MODEL_PATH"]},
     )
     assert skipped.returncode == 0 and "[preflight]" not in skipped.stdout
+
+
+def test_preflight_only_reports_every_missing_input_and_still_checks_the_stack(tmp_path) -> None:
+    """On a new host PREFLIGHT=only lists every missing input (data sets of all stages, the model)
+    with where the data sets come from, after the stack checks it could still run."""
+    data = tmp_path / "nodata"
+    run = run_recipe(
+        "headroom_drift_math.sh",
+        {
+            "PREFLIGHT": "only",
+            "DATA_DIR": str(data),
+            "MODEL_PATH": str(tmp_path / "nomodel"),
+            "OUTPUT_DIR": str(tmp_path / "out"),
+            "OMP_NUM_THREADS": "1",
+        },
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stderr[-3000:]
+    errors = [line for line in run.stderr.splitlines() if "] error: " in line]
+    assert errors[:-1] == [
+        f"[headroom_drift_math] error: evaluation set (EVAL_FILES) not found: {data}/math_{name}.parquet"
+        for name in ("math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench")
+    ] + [
+        f"[headroom_drift_math] error: math training set (TRAIN_FILES) not found: {data}/math_train.parquet",
+        f"[headroom_drift_math] error: validation set (VAL_FILES) not found: {data}/math_math500.parquet",
+        f"[headroom_drift_math] error: model directory not found: {tmp_path}/nomodel (set MODEL_PATH)",
+    ]
+    assert errors[-1].startswith("[headroom_drift_math] error: 9 input(s) missing and the preflight failed")
+    assert f"python -m verl_replay.data prepare math --input DOWNLOAD --output {data}" in run.stderr
+    assert "[preflight] FAIL  model" in run.stdout and "[preflight] FAIL  gpus" in run.stdout  # the stack checks ran
+    # the attention choice is the recipe's line, not a preflight result; the settings name VAL_FILES
+    assert "[preflight] attention" not in run.stdout + run.stderr
+    assert "[headroom_drift_math] attention: flash_attention_2" in run.stderr
+    assert f" VAL_FILES={data}/math_math500.parquet " in run.stderr
+    assert "] train:" not in run.stderr
