@@ -170,14 +170,20 @@ def test_log_probs_match_teacher_forced_forward(server):
     torch.testing.assert_close(torch.tensor(output.log_probs), expected, rtol=1e-4, atol=1e-4)
 
 
+# Sampling this hot flattens any build's distribution (the tiny model's logits span a few tens):
+# three copies of one prompt then coincide only if they share a random stream, whatever the warm
+# start learned on this machine (at 1.0 one machine's build answered "What is 1 + 1?" one way 3 of 3).
+FLAT_TEMPERATURE = 50.0
+
+
 def test_samples_do_not_depend_on_arrival_order_or_batching(server):
     a = _prompt(server, "What is 1 + 1?")
     b = _prompt(server, "What is 4 + 2?")
     asyncio.run(server.set_global_steps(7))
-    first = _generate_all(server, [a, a, b, a])
+    first = _generate_all(server, [a, a, b, a], temperature=FLAT_TEMPERATURE)
     asyncio.run(server.set_global_steps(8))
     asyncio.run(server.set_global_steps(7))  # occurrence counters restart for the version
-    second = _generate_all(server, [b, a, a, a])
+    second = _generate_all(server, [b, a, a, a], temperature=FLAT_TEMPERATURE)
     key = lambda outs, prompts: sorted((tuple(p), tuple(o.token_ids)) for p, o in zip(prompts, outs, strict=True))
     assert key(first, [a, a, b, a]) == key(second, [b, a, a, a])
     # the three copies of prompt `a` are distinct samples, not one sample three times
