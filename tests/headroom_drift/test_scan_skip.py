@@ -21,9 +21,9 @@ def test_cooldown_rule_hand_values():
     rule = CooldownRule(tau=0.1, margin=2.0, versions=3)
     assert rule.bound == pytest.approx(0.2)
     assert not rule.skips(None, 6)  # never scanned
-    assert rule.skips((5, 0.25), 6)  # 0.25 > 0.2, 1 version since
-    assert rule.skips((5, 0.25), 7)  # 2 < 3
-    assert not rule.skips((5, 0.25), 8)  # 3 versions passed: rescanned
+    assert rule.skips((5, 0.25), 6)  # 0.25 > 0.2, the first of the 3 steps after its scan
+    assert rule.skips((5, 0.25), 8)  # the third
+    assert not rule.skips((5, 0.25), 9)  # 3 skipped: rescanned
     assert not rule.skips((5, 0.2), 6)  # not above the bound
     assert not rule.skips((5, 0.15), 6)  # rejected by the gate, but within the margin
     assert rule.skips((5, math.inf), 7)
@@ -100,8 +100,11 @@ def test_live_cooldown_skips_and_rescans_after_its_versions():
     assert skip_events[0]["last_step"] == [1, 1, 1]
     assert [r.rank for r in second.records] == [1, 2, 3]  # equal Headroom: insertion order
     third_scorer = DriftScorer(SHIFTS)
-    buf.select(3, third_scorer)  # 3 - 1 = 2 versions since their scan: rescanned
-    assert sorted(third_scorer.scanned) == list(range(6))
+    buf.select(3, third_scorer)  # the second step after their scan: still skipped
+    assert sorted(third_scorer.scanned) == [0, 1, 2]
+    fourth_scorer = DriftScorer(SHIFTS)
+    buf.select(4, fourth_scorer)  # 2 steps skipped: rescanned
+    assert sorted(fourth_scorer.scanned) == list(range(6))
 
 
 def test_skipped_groups_keep_their_rank():
@@ -134,8 +137,8 @@ def test_shadow_under_none_decides_nothing():
         assert unflagged == [dataclasses.replace(r, would_skip=None) for r in b.records]
         assert a.accepted_ids == b.accepted_ids and not a.skipped
         flagged = sorted(r.group_id for r in a.records if r.would_skip)
-        # step 2: 3, 4, 5 would be skipped; step 3: rescanned (2 versions); step 4: skipped again
-        assert flagged == ([3, 4, 5] if step in (2, 4) else [])
+        # steps 2 and 3: 3, 4, 5 would be skipped; step 4: rescanned
+        assert flagged == ([3, 4, 5] if step in (2, 3) else [])
         assert a.stats["scan_skip_shadow"] == len(flagged) and a.stats["scan_skip_shadow_accepted"] == 0.0
     assert shadow.fingerprint() != plain.fingerprint()  # the configuration differs
     # under none the history decides nothing and is not part of the fingerprint
@@ -215,13 +218,13 @@ def test_shadow_count_by_hand():
     tau = 0.1
     scans = [
         _scan(1, 7, 0.3, False),  # history (1, 0.3)
-        _scan(2, 7, 0.35, False),  # skipped (1 < 2 versions): history unchanged
+        _scan(2, 7, 0.35, False),  # skipped (the one step after its scan): history unchanged
         _scan(3, 7, 0.05, True),  # 2 versions since step 1: scanned, accepted
         _scan(4, 7, 0.25, False),  # 0.05 not above 0.2: scanned -> history (4, 0.25)
         _scan(5, 7, 0.08, True),  # skipped, and accepted: one acceptance lost
         _scan(5, 8, 0.15, False, rank=2),  # never seen: scanned
     ]
-    rule = CooldownRule(tau=tau, margin=2.0, versions=2)
+    rule = CooldownRule(tau=tau, margin=2.0, versions=1)
     assert [skip for _, skip in shadow_flags(scans, rule)] == [False, True, False, False, True, False]
     count = shadow_count(scans, rule)
     assert (count.scans, count.skipped, count.accepted, count.accepted_lost) == (6, 2, 2, 1)
@@ -273,3 +276,37 @@ def test_mean_sq_with_squared_tau_decides_like_l2(synth, scan_skip):
         a.admit(synth.step_groups(7, step, 5), step)
         b.admit(synth.step_groups(7, step, 5), step)
     assert skipped > 0  # the rule had something to decide
+
+
+@pytest.mark.parametrize("margin, versions", [(1.0, 1), (1.0, None), (2.0, 8)])
+def test_the_papers_scan_is_unchanged_bit_for_bit_whatever_the_shadow(synth, margin, versions):
+    """scan_skip=none: records, acceptances, scorer chunks and cached Headroom do not depend on the
+    shadow rule's parameters (a rule that never skips: margin 1e9) -- the paper's scan."""
+
+    def run(**kw):
+        buf = HeadroomDriftBuffer(capacity=12, k_rep=3, tau=0.25, scan_chunk_groups=4, scan_skip="none", **kw)
+        out = []
+        for step in range(10):
+            if step:
+                scorer = synth.SynthScorer(step)
+                result = buf.select(step, scorer, chunk_multiple=2)
+                out.append((result, scorer.calls))
+            buf.admit(synth.step_groups(7, step, 5), step)
+        return buf, out
+
+    shadowed, a = run(scan_skip_margin=margin, scan_skip_versions=versions)
+    plain, b = run(scan_skip_margin=1e9, scan_skip_versions=None)
+    flags = 0
+    for (ra, ca), (rb, cb) in zip(a, b, strict=True):
+        assert [dataclasses.replace(r, would_skip=None) for r in ra.records] == [
+            dataclasses.replace(r, would_skip=None) for r in rb.records
+        ]
+        assert ra.accepted_ids == rb.accepted_ids and ca == cb and not ra.skipped
+        assert {k: v for k, v in ra.stats.items() if "seconds" not in k and "shadow" not in k} == {
+            k: v for k, v in rb.stats.items() if "seconds" not in k and "shadow" not in k
+        }
+        flags += sum(bool(r.would_skip) for r in ra.records)
+    assert flags > 0  # the shadow did flag scans, and decided nothing
+    assert [(g.group_id, g.headroom_cached, g.replay_count) for g in shadowed] == [
+        (g.group_id, g.headroom_cached, g.replay_count) for g in plain
+    ]

@@ -1325,15 +1325,6 @@ class HeadroomDriftBuffer(_FifoReplayStore):
             self._heap.append(g._rank)
         heapq.heapify(self._heap)
 
-    def _pop_live(self, want: int) -> list[tuple[float, int, int, int]]:
-        """Pop up to ``want`` live entries in rank order, discarding stale ones."""
-        out: list[tuple[float, int, int, int]] = []
-        while len(out) < want and self._heap:
-            entry = heapq.heappop(self._heap)
-            if self._is_live(entry):
-                out.append(entry)
-        return out
-
     def _pop_scannable(
         self, want: int, step: int, skipped: list[tuple[float, int, int, int]], position: list[int]
     ) -> list[tuple[tuple[float, int, int, int], int]]:

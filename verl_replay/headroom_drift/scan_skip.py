@@ -5,10 +5,11 @@ most of those candidates are old groups whose drift was far above tau at their l
 grows with age (``python -m verl_replay.headroom_drift.shadow`` measures it on a run's event log).
 
 Rule ``cooldown`` (margin ``m``, ``k`` weight versions): a group whose last scan measured a drift
-above ``m * tau`` is not scanned again until ``k`` weight versions have passed since that scan
-(``k = None``: never again while it is buffered). "Above m * tau" is read in root-mean-square
-units whatever the norm: under ``mean_sq`` (squared units) the bound is ``m**2 * tau``, so
-``mean_sq`` with ``tau_sq = tau_rms**2`` skips exactly what ``l2`` with ``tau_rms`` skips.
+above ``m * tau`` is not scanned at the next ``k`` global steps (weight versions) after that scan
+(``k = None``: never again while it is buffered); it is scanned again ``k + 1`` versions later.
+"Above m * tau" is read in root-mean-square units whatever the norm: under ``mean_sq`` (squared
+units) the bound is ``m**2 * tau``, so ``mean_sq`` with ``tau_sq = tau_rms**2`` skips exactly what
+``l2`` with ``tau_rms`` skips.
 
 The rule's *history* of a group is its last scan the rule itself would have made: ``(step,
 drift)``. A scan the rule would have skipped does not update it, so the same history serves as
@@ -33,8 +34,8 @@ History = tuple[int, float]
 
 @dataclass(frozen=True)
 class CooldownRule:
-    """Skip a group whose last scan was more than ``margin`` (rms units) above tau, for ``versions``
-    weight versions after that scan (``None``: for good)."""
+    """Skip a group whose last scan was more than ``margin`` (rms units) above tau, at the
+    ``versions`` global steps after that scan (``None``: for good)."""
 
     tau: float  # the gate, in the drift norm's units
     margin: float  # >= 1, a ratio of root-mean-square drifts
@@ -65,7 +66,7 @@ class CooldownRule:
         last_step, last_drift = history
         if not self.far_above(last_drift):
             return False
-        return self.versions is None or step - last_step < self.versions
+        return self.versions is None or step - last_step <= self.versions
 
     def label(self) -> str:
         versions = "never" if self.versions is None else f"{self.versions}"
