@@ -44,6 +44,70 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=order)
 
 
+# ---------------------------------------------------------------------------- progress
+# The suite's first results come minutes in: its end-to-end runs start first and each takes minutes,
+# and the tiny assets are built on first use. The controller builds the assets itself, saying so,
+# and names the test a worker starts whenever the screen has shown nothing for a minute.
+SILENT_SECONDS = float(os.environ.get("VERL_REPLAY_TEST_SILENT_S", "60"))
+_progress = {"started": 0.0, "last_output": 0.0, "done": 0}
+
+
+def _is_controller(config) -> bool:
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", 0))
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes}m{rest:02d}s"
+
+
+def pytest_sessionstart(session) -> None:
+    import time
+
+    _progress["started"] = _progress["last_output"] = time.monotonic()
+
+
+def pytest_xdist_setupnodes(config, specs) -> None:
+    """In the controller, after the session's header and before the workers start."""
+    import time
+
+    from verl_replay.data.tiny_assets import build_tiny_assets
+
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    reporter.write_line("tiny assets: checking the cached build (a new machine builds it once, a few minutes) ...")
+    build_tiny_assets()
+    reporter.write_line(f"tiny assets: ready ({_elapsed(time.monotonic() - _progress['started'])})")
+
+
+def pytest_runtest_logreport(report) -> None:
+    import time
+
+    if report.when == "teardown":
+        _progress["done"] += 1
+        _progress["last_output"] = time.monotonic()
+
+
+def pytest_runtest_logstart(nodeid, location) -> None:
+    import time
+
+    config = _CONFIG.get("config")
+    now = time.monotonic()
+    if config is None or not _is_controller(config) or now - _progress["last_output"] < SILENT_SECONDS:
+        return
+    _progress["last_output"] = now
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if _progress["done"]:
+        reporter.write("\n")  # off the line of dots
+    reporter.write_line(f"[{_elapsed(now - _progress['started'])}, {_progress['done']} done] started {nodeid}")
+
+
+_CONFIG: dict = {}
+
+
+def pytest_configure(config) -> None:
+    _CONFIG["config"] = config
+
+
 @pytest.fixture(scope="session")
 def tiny_assets():
     """The tiny tokenizer, Qwen3.5 model, datasets and SQLite databases (built once per machine)."""
