@@ -197,6 +197,12 @@ def _print(rep: Mapping[str, Any], file: Any = None) -> None:
         f"scan forward {rep['scan_forward_seconds']:.1f} s "
         f"({1e3 * sec:.2f} ms a scanned group)"
     )
+    steps, accepted = max(rep["steps"], 1), max(rep["accepted"], 1)
+    p(
+        f"per global step: {rep['scans'] / steps:.1f} scanned, {rep['skipped_live'] / steps:.1f} skipped, "
+        f"{rep['accepted'] / steps:.2f} accepted, scan forward {rep['scan_forward_seconds'] / steps:.2f} s; "
+        f"{rep['scan_forward_seconds'] / accepted:.2f} s of scan forward per accepted group"
+    )
     p("\nrule                      scans saved (share)   accepted lost / accepted  kept  est. forward s saved")
     for r in rep["rules"]:
         p(
