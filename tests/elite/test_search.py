@@ -30,6 +30,7 @@ from verl_replay.elite.search import (
     state_path,
 )
 from verl_replay.sql.vocabulary import load_vocabulary
+from verl_replay.verifiers.sql import REASONS as SQL_REASONS
 
 LIMIT = 8  # the tiny model is right ~10% of the time: 8 questions x 8 seeds give a few elites
 SEEDS = 8
@@ -287,7 +288,7 @@ def test_clear_errors_for_bad_inputs(tiny_assets, tmp_path, capsys) -> None:
         main(["--data", "x", *base, "--labeler", "gpt"])
 
 
-def test_cli_subprocess_prints_a_json_summary(tiny_assets, tmp_path) -> None:
+def test_cli_subprocess_prints_a_json_summary_with_json(tiny_assets, tmp_path) -> None:
     out = tmp_path / "cli.parquet"
     command = [
         sys.executable,
@@ -311,12 +312,17 @@ def test_cli_subprocess_prints_a_json_summary(tiny_assets, tmp_path) -> None:
         "64",
         "--verify-workers",
         "1",
+        "--json",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(result.stdout)  # stdout holds only the JSON summary; the bar is on stderr
+    summary = json.loads(result.stdout)  # --json: stdout holds only the JSON summary; the bar is on stderr
     assert summary["finished"] and summary["counts"]["attempts"] == 3 * (4 + 2)
+    # every failed verification is counted under the verifier's reason
+    assert sum(summary["failure_reasons"].values()) == summary["counts"]["verification_failures"]
+    assert summary["domain"] == "sql" and set(summary["failure_reasons"]) <= set(SQL_REASONS)
+    assert "fast path" not in result.stderr and "Loading weights" not in result.stderr  # transformers is quiet
     assert set(summary["coverage"]) >= {"questions", "questions_covered", "cells", "mean_cells"}
     assert "elite search" in result.stderr  # the progress bar
     manifest = json.loads(manifest_path(out).read_text())
@@ -416,3 +422,52 @@ def test_the_search_state_file_gets_the_users_umask(tiny_assets, tmp_path) -> No
     )
     assert not run_search(config).finished
     assert stat.S_IMODE(state_path(out).stat().st_mode) == default_file_mode() != 0o600
+
+
+def test_the_summary_says_what_became_of_every_candidate() -> None:
+    from verl_replay.elite.search import SearchSummary, summary_lines
+
+    counts = {
+        "attempts": 160,
+        "insertions": 20,
+        "new": 18,
+        "improved": 2,
+        "not_added": 5,
+        "verification_failures": 133,
+        "truncated": 2,
+        "parse_failures": 0,
+        "approach_misses": 0,
+    }
+    summary = SearchSummary(
+        out="/x/archive.parquet",
+        manifest="/x/archive.parquet.manifest.json",
+        state="/x/s",
+        finished=True,
+        rounds_completed=4,
+        total_rounds=4,
+        coverage={"cells": 20, "questions": 16, "questions_covered": 12, "mean_cells": 1.25},
+        counts=counts,
+        seed_counts={},
+        insert_rate=0.125,
+        verification={},
+        labeler={},
+        elapsed_s=81.4,
+        domain="sql",
+        failure_reasons={"mismatch": 90, "syntax_error": 30, "exec_error": 13},
+    )
+    assert summary_lines(summary) == [
+        "elite search: done in 81 s; archive /x/archive.parquet",
+        "  20 elites: 12 of 16 questions covered, 1.25 cells a question",
+        "  160 candidates:",
+        "    20 inserted (18 in a new cell, 2 shorter than their cell's elite)",
+        "    5 correct, but no shorter than their cell's elite",
+        "    133 failed verification",
+        "      90 mismatch: both queries ran; results differ",
+        "      30 syntax_error: SQLite could not parse the query",
+        "      13 exec_error: the query failed at prepare/run time (no such table/column, a SQLite limit, ...)",
+        "    2 cut off at --max-new-tokens (never verified)",
+    ]
+    stopped = dataclasses.replace(summary, finished=False, rounds_completed=1, failure_reasons={})
+    lines = summary_lines(stopped)
+    assert lines[0].startswith("elite search: stopped after round 1 of 4") and "--resume" in lines[0]
+    assert "      (their reasons were not recorded: the search resumed from an older state)" in lines

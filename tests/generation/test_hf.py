@@ -190,3 +190,23 @@ def test_loads_the_checkpoint_class_of_a_vision_language_model(tiny_assets) -> N
             logp = torch.log_softmax(logits[len(ids) - 1 : -1], dim=-1)  # [T, V]
             expected = logp.gather(1, torch.tensor(g.token_ids).unsqueeze(1)).squeeze(1)  # [T]
             torch.testing.assert_close(torch.tensor(g.logprobs), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_loading_prints_nothing_of_transformers_and_restores_its_settings(tiny_assets) -> None:
+    """The tiny Qwen3.5 on CPU made transformers warn that its fast path is not available and draw
+    a weight-loading bar in every search and eval; the backend loads quietly, and transformers'
+    verbosity and bars are as they were afterwards."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        from transformers.utils import logging
+        from verl_replay.generation.hf import HFBackend
+        logging.set_verbosity_info()
+        HFBackend({str(tiny_assets.model_dir)!r}, batch_size=2)
+        assert logging.get_verbosity() == logging.INFO and logging.is_progress_bar_enabled()
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "fast path" not in result.stderr and "Loading weights" not in result.stderr, result.stderr[-3000:]

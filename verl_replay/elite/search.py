@@ -46,13 +46,14 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from verl_replay._files import default_file_mode
-from verl_replay.elite.archive import SEED_KEY, Candidate, EliteArchive, Question
+from verl_replay.elite.archive import SEED_KEY, Candidate, EliteArchive, InsertStatus, Question
 from verl_replay.elite.archive_io import manifest_path, save_frozen_archive
 from verl_replay.elite.domains import (
     DOMAINS,
@@ -325,6 +326,9 @@ class SearchSummary:
     labeler: dict[str, Any]
     elapsed_s: float
     resumed: bool = False
+    domain: str = ""
+    # verification failures by the verifier's reason code (verifiers.sql / verifiers.math REASONS)
+    failure_reasons: dict[str, int] = field(default_factory=dict)
     manifest_data: dict[str, Any] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -357,6 +361,7 @@ class _Run:
         self.identity = identity
         self.verifier = PooledVerifier(self.domain)
         self.describer = CachedDescriber(self.domain)
+        self.failure_reasons: Counter[str] = Counter()  # rejected candidates by the verifier's reason
         self.archive = EliteArchive(
             verifier=self.verifier,
             describer=self.describer,
@@ -389,6 +394,7 @@ class _Run:
         stats = state.get("stats", {})
         self.verifier.pooled = int(stats.get("verification", {}).get("pooled", 0))
         self.verifier.inline = int(stats.get("verification", {}).get("inline", 0))
+        self.failure_reasons = Counter({str(k): int(v) for k, v in stats.get("failure_reasons", {}).items()})
         labeler_stats = stats.get("labeler", {})
         if hasattr(self.domain.labeler, "num_fallbacks"):
             self.domain.labeler.num_labeled = int(labeler_stats.get("labeled", 0))
@@ -488,7 +494,9 @@ class _Run:
         verified = [c.text for q, c in candidates if not c.truncated and self.verifier.verdict(q, c.text).correct]
         self.describer.prefetch(verified)  # one batched labeler call (matters for --labeler llm)
         for question, candidate in candidates:
-            self.archive.insert(question, candidate, round=round_index)
+            result = self.archive.insert(question, candidate, round=round_index)
+            if result.status is InsertStatus.REJECTED:
+                self.failure_reasons[result.reason or "unknown"] += 1
         bar.update(len(candidates))
         bar.set_postfix_str(_progress_text(self.archive), refresh=False)
 
@@ -501,6 +509,7 @@ class _Run:
             labeler_stats.update(labeled=labeler.num_labeled, fallbacks=labeler.num_fallbacks)
         return {
             "verification": self.verifier.stats(),
+            "failure_reasons": dict(sorted(self.failure_reasons.items())),
             "labeler": labeler_stats,
             "generated": self.generated,
             "elapsed_s": round(self.elapsed_before + time.monotonic() - start, 3),
@@ -716,6 +725,8 @@ def run_search(config: SearchConfig, backend: Any = None) -> SearchSummary:
         labeler=stats["labeler"],
         elapsed_s=stats["elapsed_s"],
         resumed=run.resumed,
+        domain=run.domain.name,
+        failure_reasons=stats["failure_reasons"],
         manifest_data=manifest_data,
     )
 
@@ -803,6 +814,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON for the chat template, e.g. '{\"enable_thinking\": false}'",
     )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument(
+        "--json", dest="json_summary", action="store_true", help="print the summary as one JSON object instead"
+    )
     return p
 
 
@@ -837,11 +851,71 @@ def parse_config(argv: Sequence[str] | None = None) -> SearchConfig:
             parser.error(f"--{name} is required (or --tiny: the tiny EliteReplay run's data and model)")
     values = vars(args)
     values.pop("tiny")
+    values.pop("json_summary")
     return SearchConfig(**values)
+
+
+def reason_meanings(domain: str) -> dict[str, str]:
+    """What each verifier reason code of ``domain`` means (both domains' when unknown)."""
+    from verl_replay.verifiers.math import REASONS as MATH_REASONS
+    from verl_replay.verifiers.sql import REASONS as SQL_REASONS
+
+    if domain == "sql":
+        return dict(SQL_REASONS)
+    if domain == "math":
+        return dict(MATH_REASONS)
+    return {**MATH_REASONS, **SQL_REASONS}
+
+
+def summary_lines(summary: SearchSummary) -> list[str]:
+    """The search's outcome for a person: where the archive is, what it covers, and what became of
+    every candidate, the failed verifications by the verifier's reason."""
+    counts, coverage = summary.counts, summary.coverage
+    if summary.finished:
+        head = f"elite search: done in {summary.elapsed_s:.0f} s; archive {summary.out}"
+    else:
+        head = (
+            f"elite search: stopped after round {summary.rounds_completed} of {summary.total_rounds} "
+            f"({summary.elapsed_s:.0f} s); the archive is written when the last round ends: continue with --resume"
+        )
+    lines = [
+        head,
+        f"  {coverage.get('cells', 0)} elites: {coverage.get('questions_covered', 0)} of "
+        f"{coverage.get('questions', 0)} questions covered, {coverage.get('mean_cells', 0.0):.2f} cells a question",
+        f"  {counts.get('attempts', 0)} candidates:",
+        f"    {counts.get('insertions', 0)} inserted ({counts.get('new', 0)} in a new cell, "
+        f"{counts.get('improved', 0)} shorter than their cell's elite)",
+    ]
+    outcomes = (
+        ("not_added", "correct, but no shorter than their cell's elite"),
+        ("verification_failures", "failed verification"),
+        ("truncated", "cut off at --max-new-tokens (never verified)"),
+        ("parse_failures", "correct, but the describer found no approach of the vocabulary"),
+    )
+    for key, what in outcomes:
+        if counts.get(key, 0):
+            lines.append(f"    {counts[key]} {what}")
+        if key == "verification_failures" and counts.get(key, 0):
+            lines += _failure_lines(summary)
+    return lines
+
+
+def _failure_lines(summary: SearchSummary) -> list[str]:
+    """The failed verifications by the verifier's reason code, most frequent first, with its meaning."""
+    if not summary.failure_reasons:
+        return ["      (their reasons were not recorded: the search resumed from an older state)"]
+    meanings = reason_meanings(summary.domain)
+    width = len(str(max(summary.failure_reasons.values())))
+    ordered = sorted(summary.failure_reasons.items(), key=lambda item: (-item[1], item[0]))
+    return [
+        f"      {number:>{width}} {reason}" + (f": {meanings[reason]}" if reason in meanings else "")
+        for reason, number in ordered
+    ]
 
 
 def main(argv: Sequence[str] | None = None, *, backend: Any = None) -> int:
     config = parse_config(argv)
+    json_summary = build_parser().parse_args(argv).json_summary
     try:
         summary = run_search(config, backend=backend)
     except (SearchError, FileNotFoundError) as exc:
@@ -849,7 +923,10 @@ def main(argv: Sequence[str] | None = None, *, backend: Any = None) -> int:
         return 2
     if summary.finished and summary.coverage["cells"] == 0:
         print("warning: the archive is empty (no candidate verified); training would refuse it", file=sys.stderr)
-    print(json.dumps(summary.to_dict(), sort_keys=True))
+    if json_summary:
+        print(json.dumps(summary.to_dict(), sort_keys=True))
+    else:
+        print("\n".join(summary_lines(summary)))
     return 0
 
 

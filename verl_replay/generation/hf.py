@@ -13,7 +13,8 @@ its chunk-mates; vLLM's per-request seeds do not.)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from verl_replay.generation.base import (
@@ -58,7 +59,8 @@ class HFBackend(GenerationBackend):
             tokenizer.pad_token = tokenizer.eos_token  # padding is masked, any id works
         self._tokenizer = tokenizer
 
-        model = _load_model(self.model_path, _torch_dtype(dtype), trust_remote_code)
+        with quiet_transformers():
+            model = _load_model(self.model_path, _torch_dtype(dtype), trust_remote_code)
         model.to(self.device)
         model.eval()
         model.requires_grad_(False)
@@ -172,6 +174,24 @@ class HFBackend(GenerationBackend):
             )
             grouped[row // draws].extend([generation] * (n // draws))
         return grouped
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' own output off while a model loads: its weight-loading bar, and warnings such
+    as Qwen3.5's "fast path is not available" (this backend runs the torch kernels on purpose: it
+    is the CPU / test path; GPU runs generate with vLLM). Errors still show."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
 
 
 def _load_model(model_path: str, dtype: Any, trust_remote_code: bool) -> Any:
