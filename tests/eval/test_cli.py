@@ -53,7 +53,12 @@ def test_cli_smoke_on_tiny_sql(tiny_assets, tmp_path: Path) -> None:
     assert doc["benchmarks"]["tiny_sql"]["num_questions"] == 2
     assert len((out / "samples.jsonl").read_text().splitlines()) == 2 * 2
     assert (out / "pass_at_k.png").read_bytes()[:4] == b"\x89PNG"
-    assert "eval: 2/2 questions, 4 samples done" in proc.stderr  # the per-chunk progress line
+    assert "eval: 2/2 questions, 4 samples done" in proc.stderr  # the per-chunk progress line (no bar: no tty)
+    # short lines for a person on the console, none of transformers'; the details in OUT/eval.log
+    assert all(line.startswith("eval: ") for line in proc.stderr.splitlines()), proc.stderr
+    assert "eval: 2 questions (tiny_sql 2)" in proc.stderr
+    log = (out / "eval.log").read_text()
+    assert " INFO verl_replay.eval.run: 2 questions (tiny_sql 2)" in log and f"log: {out / 'eval.log'}" in proc.stdout
 
     # the same command again resumes the finished run: nothing is sampled, the outputs are rewritten
     samples = (out / "samples.jsonl").read_bytes()
@@ -113,3 +118,34 @@ def test_cli_reports_missing_data_file_without_traceback(tmp_path: Path) -> None
     assert proc.returncode == 2
     assert "no such parquet file" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_the_console_shows_our_lines_not_the_ones_the_bar_shows_nor_other_libraries(tmp_path, monkeypatch) -> None:
+    import io
+    import logging
+
+    from verl_replay.eval.__main__ import setup_logging
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    root = logging.getLogger()
+    before = list(root.handlers)
+    try:
+        setup_logging(str(tmp_path / "out"), quiet=False)
+        ours = logging.getLogger("verl_replay.eval.run")
+        ours.info("eval: 1/2 questions", extra={"progress_line": True})  # the bar shows it
+        ours.info("eval: 2/2 questions", extra={"progress_line": False})
+        ours.warning("pass@k skipped for k=[8] > n=2")
+        logging.getLogger("transformers.modeling_utils").info("loading weights file")
+        logging.getLogger("vllm").warning("a warning of a library")
+    finally:
+        for handler in root.handlers[len(before) :]:
+            handler.close()
+        root.handlers[:] = before
+    assert err.getvalue().splitlines() == [
+        "eval: 2/2 questions",
+        "eval: warning: pass@k skipped for k=[8] > n=2",
+        "eval: warning: a warning of a library",
+    ]
+    log = (tmp_path / "out" / "eval.log").read_text()
+    assert "1/2 questions" in log and "loading weights file" in log  # everything, in the file

@@ -11,6 +11,10 @@ and prints the table. ``samples.jsonl`` grows chunk by chunk while the run goes 
 resumes after the last committed chunk; other settings with the same ``--out`` are refused
 unless ``--overwrite``. Prompts longer than ``--max-model-len - 1`` tokens are skipped and
 counted in ``results.json``. Exit status 2 for a usage / data error (message on stderr).
+
+The console shows short ``eval: ...`` lines on stderr (what is evaluated, a line per chunk when
+no progress bar shows it, warnings) and the table last on stdout; ``OUT/eval.log`` keeps every log
+record with its time, other libraries' included.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _int_list(text: str) -> list[int]:
@@ -80,11 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(args.out, quiet=args.quiet)
     from verl_replay.eval.report import format_table
     from verl_replay.eval.run import EvalConfig, evaluate
 
@@ -115,10 +116,66 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    _flush_logs()  # every line before the table, none inside it
     print(format_table(result.to_json()), end="")
     for name, path in result.files.items():
         print(f"{name}: {path}")
+    print(f"log: {Path(args.out) / LOG_FILE}")
     return 0
+
+
+LOG_FILE = "eval.log"
+
+
+class _ConsoleFormat(logging.Formatter):
+    """``eval: ...`` (``warning: `` / ``error: `` before anything above info): short lines for a
+    person; the log file keeps the timestamps and the loggers' names."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno <= logging.INFO else f"{record.levelname.lower()}: "
+        return f"eval: {level}{record.getMessage().removeprefix('eval: ')}"
+
+
+def setup_logging(out: str | None, *, quiet: bool) -> None:
+    """The console (stderr): our info lines unless ``--quiet``, warnings always, and never a per-chunk
+    line the progress bar already shows. ``OUT/eval.log``: everything, with timestamps. Other
+    libraries' info lines (transformers, vLLM, httpx) go to the file only."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(_ConsoleFormat())
+    console.setLevel(logging.WARNING if quiet else logging.INFO)
+    console.addFilter(
+        lambda r: (
+            r.levelno >= logging.WARNING
+            or (r.name.startswith("verl_replay") and not getattr(r, "progress_line", False))
+        )
+    )
+    root.addHandler(console)
+    if out is None:
+        return
+    log_file = _LogFile(Path(out) / LOG_FILE, encoding="utf-8", delay=True)
+    log_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(log_file)
+
+
+class _LogFile(logging.FileHandler):
+    """``OUT/eval.log``, made with its folder at the first record: a refused evaluation (no record
+    logged yet) leaves no folder behind; one that cannot be written is dropped quietly (the
+    evaluation reports an unusable ``--out`` itself)."""
+
+    def _open(self):  # noqa: ANN202 - logging's signature
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        logging.getLogger().removeHandler(self)
+
+
+def _flush_logs() -> None:
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":

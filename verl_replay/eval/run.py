@@ -902,7 +902,8 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(questions)
             self.bar.set_postfix_str(f"{self.done * self.n} samples, {samples / elapsed:.1f} samples/s")
-        logger.info("eval: %s", line)
+        # the bar shows the same on a terminal: the console leaves this line to the log file then
+        logger.info("eval: %s", line, extra={"progress_line": self.bar is not None and not self.bar.disable})
 
     def close(self) -> None:
         if self.bar is not None:
@@ -951,7 +952,7 @@ def evaluate(config: EvalConfig, backend: Any = None, *, overwrite: bool = False
     start = time.monotonic()
     questions = load_questions(config.data, benchmark_key=config.benchmark_key, limit=config.limit)
     sizes = Counter(q.benchmark for q in questions)
-    logger.info("%d questions: %s", len(questions), dict(sizes))
+    logger.info("%d questions (%s)", len(questions), ", ".join(f"{name} {count}" for name, count in sizes.items()))
     if config.ks_skipped:
         logger.warning("pass@k skipped for k=%s > n=%d", list(config.ks_skipped), config.n)
     scratch = tempfile.TemporaryDirectory(prefix="verl_replay_eval_") if config.out is None else None
