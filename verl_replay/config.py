@@ -59,8 +59,8 @@ class ReplayConfig:
     # units) for scan_skip_versions weight versions (null: for good). Under "none" the same rule
     # is a shadow: scan events and replay/scan_skip_shadow* say what it would have skipped.
     scan_skip: str = "none"
-    scan_skip_margin: float = 2.0
-    scan_skip_versions: Optional[int] = 8
+    scan_skip_margin: float = 4.0
+    scan_skip_versions: Optional[int] = 16
     # GRPO groups per optimiser step of updates that carry replay (None: actor.ppo_mini_batch_size).
     ppo_mini_batch_size: Optional[int] = None
     event_log: Optional[str] = None

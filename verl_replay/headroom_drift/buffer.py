@@ -985,8 +985,8 @@ class _FifoReplayStore:
             # states saved before these options existed
             saved_cfg.setdefault("scan_order", "headroom")
             saved_cfg.setdefault("scan_skip", "none")
-            saved_cfg.setdefault("scan_skip_margin", 2.0)
-            saved_cfg.setdefault("scan_skip_versions", 8)
+            saved_cfg.setdefault("scan_skip_margin", 4.0)
+            saved_cfg.setdefault("scan_skip_versions", 16)
         mine = self.config()
         diff = sorted(k for k in set(saved_cfg) | set(mine) if saved_cfg.get(k) != mine.get(k))
         if diff and strict:
@@ -1195,8 +1195,8 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         ingress: str = "answer_disagree",
         scan_order: str = "headroom",
         scan_skip: str = "none",
-        scan_skip_margin: float = 2.0,
-        scan_skip_versions: int | None = 8,
+        scan_skip_margin: float = 4.0,
+        scan_skip_versions: int | None = 16,
     ) -> None:
         super().__init__(capacity=capacity, k_rep=k_rep, ingress=ingress, weighting=weighting)
         self.scan_order = _check_choice("scan_order", scan_order, SCAN_ORDERS)
