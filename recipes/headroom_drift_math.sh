@@ -143,7 +143,7 @@ esac
 : "${REPLAY_CAPACITY:=1024}"
 : "${SCAN_CHUNK_GROUPS:=$(pick 16 2)}"
 : "${MAX_SCAN_GROUPS:=}"                      # empty = no scan budget
-: "${DRIFT_NORM:=l2}"
+: "${DRIFT_NORM:=l2}"                         # l2 (TAU in rms units) | mean_sq (the paper's units: TAU_l2 ** 2) | l1
 : "${WEIGHTING:=sign}"
 : "${INGRESS:=answer_disagree}"
 : "${SCAN_ORDER:=headroom}"                   # recency: the Policy-Drift-only ablation (no Headroom ranking)
@@ -167,7 +167,7 @@ require_uint VERIFY_WORKERS
 if [[ -n "$LR_WARMUP_STEPS" ]]; then require_uint LR_WARMUP_STEPS; fi
 if [[ -n "$REWARD_CONTROL_RATE" ]]; then require_number REWARD_CONTROL_RATE; fi
 require_number LR TAU ROLLOUT_TEMPERATURE VAL_TEMPERATURE EVAL_TEMPERATURE EVAL_TOP_P VERIFY_TIMEOUT_S
-require_one_of DRIFT_NORM l2 l1
+require_one_of DRIFT_NORM l2 l1 mean_sq
 require_one_of WEIGHTING sign advantage
 require_one_of INGRESS answer_disagree nonzero_advantage
 require_one_of SCAN_ORDER headroom recency
