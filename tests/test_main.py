@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -383,25 +384,33 @@ def test_a_second_run_on_a_live_run_dir_is_refused_naming_its_process(tmp_path, 
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]  # every line parses
 
 
-def _checkpointed_run_dir(tmp_path: Path, compose, tau: float) -> Path:
-    """A run dir as a Headroom-Drift run leaves it after its step-2 checkpoint (replay state saved with tau)."""
+def _checkpointed_run_dir(tmp_path: Path, compose, tau: float, steps: tuple[int, ...] = (2,)) -> Path:
+    """A run dir as a Headroom-Drift run leaves it after its checkpoints at ``steps`` (replay state
+    saved with tau, verl's model state as an ``actor/`` folder), its config.yaml saved resolved."""
     from omegaconf import OmegaConf
 
     from verl_replay.config import ReplayConfig
     from verl_replay.integrations.verl.replay_state import decision_settings, write_state_manifest
 
     run_dir = tmp_path / "run"
-    state = run_dir / "checkpoints" / "global_step_2" / "replay"
-    state.mkdir(parents=True)
-    (state / "group_buffer.pt").write_bytes(b"buffer")
-    replay = ReplayConfig.from_mapping({"strategy": "headroom_drift", "k_rep": 2, "tau": tau})
-    identity = {"trainer_mode": "sync", "anchor_field": "old_log_probs", "tokenizer_fingerprint": "f"}
-    write_state_manifest(state, step=2, identity=identity, settings=decision_settings(replay))
-    (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
-    config = compose("replay.strategy=headroom_drift", "replay.k_rep=2", f"replay.tau={tau}")
+    for step in steps:
+        state = run_dir / "checkpoints" / f"global_step_{step}" / "replay"
+        state.mkdir(parents=True)
+        (state.parent / "actor").mkdir()
+        (state / "group_buffer.pt").write_bytes(b"buffer" * 400)
+        replay = ReplayConfig.from_mapping({"strategy": "headroom_drift", "k_rep": 2, "tau": tau})
+        identity = {"trainer_mode": "sync", "anchor_field": "old_log_probs", "tokenizer_fingerprint": "f"}
+        write_state_manifest(state, step=step, identity=identity, settings=decision_settings(replay))
+    (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(steps[-1]))
+    config = compose(f"run_dir={run_dir}", "replay.strategy=headroom_drift", "replay.k_rep=2", f"replay.tau={tau}")
+    OmegaConf.resolve(config)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(config))
     (run_dir / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n{"step": 2, "data": {}}\n')
     return run_dir
+
+
+def _files(run_dir: Path) -> dict[Path, bytes]:
+    return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "run.lock"}
 
 
 # The entry point, noting at exit whether it ever started Ray.
@@ -432,13 +441,89 @@ def test_resuming_with_a_changed_setting_is_refused_before_anything_changes(tmp_
     )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [
-        f"verl_replay: run_dir {run_dir} resumes a run saved with replay.k_rep=2 (now 4), replay.tau=0.08 (now 0.1): "
-        "these decide what is replayed, so a resumed run keeps them; resume with replay.k_rep=2 replay.tau=0.08, "
-        "or start a new run (another run_dir, or none for a new folder)"
+        f"verl_replay: run_dir {run_dir} resumes a run saved with replay.k_rep=2 (given 4), replay.tau=0.08 "
+        "(given 0.1): a resumed run keeps the settings it was started with; drop these overrides "
+        f"(run_dir={run_dir} alone resumes it), or start a new run (another run_dir, or none for a new folder)"
     ]
     assert probe.read_text() == "False"  # refused before Ray started
-    after = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "run.lock"}
-    assert after == before  # config.yaml and metrics.jsonl untouched, nothing renamed
+    assert _files(run_dir) == before  # config.yaml and metrics.jsonl untouched, nothing renamed
+
+
+def test_the_advised_resume_keeps_every_saved_setting_and_a_conflict_is_refused_fast(tmp_path, tiny_assets):
+    """``run_dir=DIR`` alone (what ^C advises) continues the run as it was started: the saved
+    strategy, tau and step count, not the defaults; its config.yaml is left as it was. A setting
+    given against the saved one is refused in seconds, before Ray, naming both values."""
+    run_dir = tmp_path / "outputs" / "hd"
+    first, _ = run_cli(
+        tmp_path,
+        "trainer.total_training_steps=2",
+        "replay.strategy=headroom_drift",
+        "replay.tau=0.08",
+        "replay.k_rep=2",
+        f"run_dir={run_dir}",
+        script=FAKE_VERL,
+        env={"FAKE_MODE": "ok"},
+    )
+    assert first.returncode == 0, first.stderr
+    saved = (run_dir / "config.yaml").read_bytes()
+    resumed, _ = run_cli(tmp_path, f"run_dir={run_dir}", script=FAKE_VERL, env={"FAKE_MODE": "ok"})
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.splitlines()[0] == (
+        "verl_replay: strategy=headroom_drift task=math k_rep=2 tau=0.08 steps=2; resuming outputs/hd"
+    )
+    assert (run_dir / "config.yaml").read_bytes() == saved
+    # where the run ends may be moved; what it is may not
+    longer, _ = run_cli(
+        tmp_path, f"run_dir={run_dir}", "trainer.total_training_steps=3", script=FAKE_VERL, env={"FAKE_MODE": "ok"}
+    )
+    assert longer.returncode == 0, longer.stderr
+    assert "tau=0.08 steps=3; resuming" in longer.stdout.splitlines()[0]
+    before = _files(run_dir)
+    probe = tmp_path.parent / f"{tmp_path.name}-ray.txt"
+    refused, seconds = run_cli(
+        tmp_path, f"run_dir={run_dir}", "replay.strategy=naive", script=RAY_PROBE, env={"RAY_STARTED": str(probe)}
+    )
+    assert refused.returncode == 2 and refused.stdout == "" and seconds <= 20
+    assert refused.stderr.splitlines() == [
+        f"verl_replay: run_dir {run_dir} resumes a run saved with replay.strategy=headroom_drift (given naive): "
+        "a resumed run keeps the settings it was started with; drop these overrides "
+        f"(run_dir={run_dir} alone resumes it), or start a new run (another run_dir, or none for a new folder)"
+    ]
+    assert probe.read_text() == "False" and _files(run_dir) == before
+
+
+def test_a_damaged_replay_state_is_refused_before_anything_changes_naming_the_intact_checkpoint(
+    tmp_path, compose, tiny_assets
+):
+    run_dir = _checkpointed_run_dir(tmp_path, compose, tau=0.08, steps=(2, 4))
+    damaged = run_dir / "checkpoints" / "global_step_4" / "replay" / "group_buffer.pt"
+    os.truncate(damaged, 1000)
+    before = _files(run_dir)
+    probe = tmp_path.parent / f"{tmp_path.name}-ray.txt"
+    result, seconds = run_cli(tmp_path, f"run_dir={run_dir}", script=RAY_PROBE, env={"RAY_STARTED": str(probe)})
+    intact = run_dir / "checkpoints" / "global_step_2"
+    assert result.returncode == 2 and result.stdout == "" and seconds <= 20
+    assert result.stderr.splitlines() == [
+        f"verl_replay: run_dir {run_dir} cannot be resumed from global_step_4: {damaged} is missing or does not "
+        f"match its recorded sha256 (torn or edited checkpoint); the newest intact checkpoint is {intact}: resume "
+        f"from it with run_dir={run_dir} trainer.resume_mode=resume_path trainer.resume_from_path={intact}"
+    ]
+    assert probe.read_text() == "False" and _files(run_dir) == before  # config.yaml, metrics.jsonl untouched
+
+
+def test_the_advice_for_a_damaged_checkpoint_passes_the_checks(tmp_path, compose, tiny_assets):
+    from verl_replay.main import check_resume, resumed_run_config
+
+    run_dir = _checkpointed_run_dir(tmp_path, compose, tau=0.08, steps=(2, 4))
+    (run_dir / "checkpoints" / "global_step_4" / "replay" / "replay_state.json").write_text("{torn")
+    intact = run_dir / "checkpoints" / "global_step_2"
+    advice = (f"run_dir={run_dir}", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={intact}")
+    config = resumed_run_config(compose(*advice), advice)
+    replay_config, probe = startup_checks(config, NOW)
+    check_resume(config, probe, replay_config)
+    (intact / "replay" / "group_buffer.pt").write_bytes(b"edited")  # now no checkpoint is intact
+    with pytest.raises(StartupError, match="no earlier checkpoint of this run is intact"):
+        check_resume(config, probe, replay_config)
 
 
 @pytest.mark.parametrize(
@@ -469,10 +554,48 @@ def test_a_resume_without_replay_state_is_refused_unless_allowed(tmp_path, compo
     (run_dir / "checkpoints" / "global_step_2" / "replay" / "replay_state.json").unlink()
     overrides = (f"run_dir={run_dir}", "replay.strategy=headroom_drift", "replay.k_rep=2", "replay.tau=0.08")
     config = compose(*overrides)
-    replay_config, probe = startup_checks(config, NOW)
     with pytest.raises(StartupError, match=r"global_step_2, which holds no replay state .*allow_missing_state=true"):
-        check_resume(config, probe, replay_config)
+        startup_checks(config, NOW)
     allowed = compose(*overrides, "replay.allow_missing_state=true")
     check_resume(allowed, *reversed(startup_checks(allowed, NOW)))
     fresh = compose(*overrides, "trainer.resume_mode=disable", "replay.tau=0.5")  # not resuming: no check
     check_resume(fresh, *reversed(startup_checks(fresh, NOW)))
+
+
+# verl's loop as a stand-in that leaves what kept real runs alive after "done": a thread that never
+# ends and an exit handler (Ray's); the process itself looks an hour old (under
+# `bash -c 'install && python ...'` bash execs Python in a process created before the install).
+LINGERING_VERL = textwrap.dedent(r"""
+    import atexit, json, os, sys, threading, time
+    import psutil
+    psutil.Process.create_time = lambda self: time.time() - 3600.0
+    import verl_replay.main as main
+
+    def fake_run_ppo(config):
+        with open(os.environ["VERL_FILE_LOGGER_PATH"], "wb", buffering=0) as handle:
+            handle.write(json.dumps({"step": 1, "data": {"timing_s/step": 1.0}}).encode() + b"\n")
+        threading.Thread(target=time.sleep, args=(3600,), name="never-ends").start()  # not a daemon
+        atexit.register(lambda: print("(raylet) shutting down at exit", file=sys.stderr, flush=True))
+        time.sleep(0.7)
+
+    main._run_ppo = fake_run_ppo
+    main.cli()
+""")
+
+
+def test_the_done_line_counts_from_the_command_and_the_process_exits_right_after_it(tmp_path, tiny_assets):
+    result, _ = run_cli(tmp_path, "trainer.total_training_steps=1", script=LINGERING_VERL, timeout=600)
+    assert result.returncode == 0, result.stderr
+    done = result.stdout.splitlines()[-1]
+    # one step, singular; the command's own time (seconds on a quiet machine), not the process's hour
+    assert re.match(r"verl_replay: done \(1 step, (\d+s|[1-9]m\d\ds|[1-5]\dm\d\ds)\): ", done), done
+    run_dir = next((tmp_path / "outputs" / "verl_replay").glob("math_none-*"))
+    # the exit handlers still ran (their output in verl.log), then the thread was not waited for
+    assert "(raylet) shutting down at exit" in (run_dir / "verl.log").read_text()
+    assert not (run_dir / "run.lock").exists()
+
+
+def test_a_failed_run_keeps_its_exit_code_through_the_prompt_exit(tmp_path, tiny_assets):
+    script = LINGERING_VERL.replace("time.sleep(0.7)", "raise RuntimeError('the reward worker died')")
+    result, _ = run_cli(tmp_path, "trainer.total_training_steps=1", script=script, timeout=600)
+    assert result.returncode == 1 and "training failed: RuntimeError: the reward worker died" in result.stderr

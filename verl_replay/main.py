@@ -20,6 +20,7 @@ Exit codes: 0 done; 1 the training failed (reason on the last line, details in `
 
 from __future__ import annotations
 
+import atexit
 import copy
 import difflib
 import functools
@@ -34,7 +35,7 @@ import time
 import traceback
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -49,6 +50,13 @@ from verl_replay.input_checks import (
     check_model_dir,
     check_sql_databases,
     check_tokenizer,
+)
+from verl_replay.resume import (
+    ResumeError,
+    adopt_saved_config,
+    conflicting_overrides,
+    describe_conflicts,
+    load_saved_config,
 )
 from verl_replay.runs import (
     CONFIG_FILE,
@@ -75,10 +83,8 @@ class StartupError(Exception):
 
 _CONSOLE: Optional[Console] = None
 _COMPOSED = False  # Hydra composed the config and called main()
-_REAL_STDERR: Optional[Any] = None
-_STARTED: Optional[float] = (
-    None  # when the command started (cli)  # sys.stderr while Hydra composes (its errors are held until then)
-)
+_REAL_STDERR: Optional[Any] = None  # sys.stderr while Hydra composes (its errors are held until then)
+_STARTED: Optional[float] = None  # when the command's own work started (cli): the done line's time
 
 
 def console() -> Console:
@@ -350,9 +356,15 @@ def check_output_location(config: DictConfig) -> None:
 
 def check_resume(config: DictConfig, probe: DictConfig, replay_config: ReplayConfig) -> None:
     """What the trainer checks when it loads the checkpoint of a resumed run, checked here, before
-    Ray starts and before anything in the run dir changes: the replay settings that decide what is
-    replayed, the trainer mode and the replay state's presence."""
-    from verl_replay.integrations.verl.replay_state import ReplayStateError, changed_settings, decision_settings
+    Ray starts and before anything in the run dir changes: every file of the replay state against its
+    recorded sha256, the replay settings that decide what is replayed, the trainer mode and the
+    replay state's presence."""
+    from verl_replay.integrations.verl.replay_state import (
+        STATE_DIR,
+        ReplayStateError,
+        changed_settings,
+        decision_settings,
+    )
 
     run_dir = explicit_run_dir(config)
     if (
@@ -374,9 +386,10 @@ def check_resume(config: DictConfig, probe: DictConfig, replay_config: ReplayCon
     mode = str(probe.trainer.v1.trainer_mode)
     anchor = ("old_log_probs" if mode == "sync" else "rollout_log_probs") if replay_config.uses_group_buffer else None
     new_run = "or start a new run (another run_dir, or none for a new folder)"
+    check_checkpoint_intact(run_dir, checkpoint)
     try:
         changed = changed_settings(
-            checkpoint / "replay",
+            checkpoint / STATE_DIR,
             identity={"trainer_mode": mode, "anchor_field": anchor},
             settings=decision_settings(replay_config),
         )
@@ -396,6 +409,35 @@ def check_resume(config: DictConfig, probe: DictConfig, replay_config: ReplayCon
             f"run_dir {run_dir} resumes a run saved with {was}: these decide what is replayed, so a resumed run "
             f"keeps them; resume with {keep}, {new_run}"
         )
+
+
+def check_checkpoint_intact(run_dir: Path, checkpoint: Path) -> None:
+    """The checkpoint a resume starts from exists and every file of its replay state matches its
+    recorded sha256; a damaged one is refused naming the file and the newest intact checkpoint."""
+    from verl_replay.integrations.verl.replay_state import (
+        STATE_DIR,
+        ReplayStateError,
+        newest_intact_checkpoint,
+        verify_state,
+    )
+
+    try:
+        if not checkpoint.is_dir():
+            raise ReplayStateError(f"{checkpoint} does not exist")
+        verify_state(checkpoint / STATE_DIR)
+        return
+    except ReplayStateError as error:
+        problem = str(error)
+    step = checkpoint.name.rpartition("_")[2]
+    intact = newest_intact_checkpoint(checkpoint.parent, STATE_DIR, int(step) if step.isdigit() else 1 << 62)
+    if intact is None:
+        advice = "no earlier checkpoint of this run is intact; start a new run (another run_dir, or none)"
+    else:
+        advice = (
+            f"the newest intact checkpoint is {intact}: resume from it with run_dir={run_dir} "
+            f"trainer.resume_mode=resume_path trainer.resume_from_path={intact}"
+        )
+    raise StartupError(f"run_dir {run_dir} cannot be resumed from {checkpoint.name}: {problem}; {advice}")
 
 
 def planned_run_dir(config: DictConfig, now: datetime) -> Path:
@@ -448,6 +490,7 @@ def startup_checks(config: DictConfig, now: datetime) -> tuple[ReplayConfig, Dic
     if probe.get("dry_run", False):  # composes and validates only: paths may name another machine
         check_verl_config(probe)
         return replay_config, probe
+    check_resume(config, probe, replay_config)  # reads the run dir only: before the slower checks
     try:
         check_inputs(probe, replay_config)
     except PreflightError as error:
@@ -463,7 +506,34 @@ def startup_checks(config: DictConfig, now: datetime) -> tuple[ReplayConfig, Dic
 # ---------------------------------------------------------------------------- the run
 
 
-def run(config: DictConfig) -> int:
+def resumed_run_config(config: DictConfig, overrides: Sequence[str]) -> DictConfig:
+    """An existing run's folder (``run_dir``) resumes that run with the settings it was saved with
+    (its ``config.yaml``): command-line settings must agree with them, resume-time ones aside."""
+    run_dir = explicit_run_dir(config)
+    if run_dir is None or not holds_content(run_dir):
+        return config
+    try:
+        saved = load_saved_config(run_dir, CONFIG_FILE)
+        if saved is None:
+            return config  # the earlier run stopped before it saved its config: nothing to keep
+        conflicts = conflicting_overrides(saved, config, overrides, config_dir=CONFIG_DIR)
+    except ResumeError as error:
+        raise StartupError(f"run_dir {run_dir} cannot be resumed: {error}; start a new run") from None
+    except OmegaConfBaseException as error:
+        raise StartupError(f"the config does not resolve: {_first_line(error)}") from None
+    if conflicts:
+        raise StartupError(describe_conflicts(run_dir, conflicts))
+    return adopt_saved_config(saved, config, run_dir, overrides)
+
+
+def _command_line_overrides() -> list[str]:
+    """The overrides Hydra composed this run from (none outside a Hydra app, as in tests)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def run(config: DictConfig, overrides: Optional[Sequence[str]] = None) -> int:
     """Check, set up and train; returns the exit code. Leaves fds 1 and 2 on ``verl.log``
     (unless verbose), so what Ray and the interpreter print at exit goes there too."""
     out = console()
@@ -474,10 +544,10 @@ def run(config: DictConfig) -> int:
             out.redirect_to(startup_log)
         check_output_location(config)
         lock_existing_run_dir(config)
+        config = resumed_run_config(config, _command_line_overrides() if overrides is None else overrides)
         replay_config, probe = startup_checks(config, datetime.now())
         if probe.get("dry_run", False):
             return dry_run_report(probe, replay_config)
-        check_resume(config, probe, replay_config)
         run_dir = claim_run_dir(config)
         if startup_log is not None:
             out.redirect_to(run_dir.path / LOG_FILE, carry_over=[startup_log])
@@ -552,7 +622,10 @@ def prepare_run(config: DictConfig, run_dir: RunDir, quiet: bool) -> Path:
     if quiet:
         quiet_logger_backends(config)
         quiet_ray_environment()
-    atomic_write_text(run_dir.path / CONFIG_FILE, OmegaConf.to_yaml(config))
+    text = OmegaConf.to_yaml(config)
+    saved = run_dir.path / CONFIG_FILE
+    if not (saved.is_file() and saved.read_text(encoding="utf-8") == text):  # a resumed run keeps its file
+        atomic_write_text(saved, text)
     return metrics_path
 
 
@@ -577,6 +650,7 @@ def train(config: DictConfig, replay_config: ReplayConfig, run_dir: RunDir, quie
         where = f" (traceback in {_shown(run_dir.path / LOG_FILE)})" if quiet else ""
         out.error(f"verl_replay: training failed: {describe_failure(error)}{where}")
         return EXIT_FAILED
+    _shutdown_ray()  # before the done line: what follows it is only the interpreter's exit
     _stop(follower, out)
     announce_done(run_dir.path, time.monotonic() - started, len(follower.steps) if follower is not None else None)
     return EXIT_OK
@@ -588,21 +662,28 @@ STATUS_LINE_S = 60.0  # without a bar: a line when the first step is this long i
 def follow_steps(config: DictConfig, replay_config: ReplayConfig, metrics_path: Path, log_path: Path) -> Any:
     """The progress bar and one console line per step, read back from verl's metrics file; until
     the first step, what the run waits for (Ray, the trainer, the workers) and for how long."""
-    from verl_replay.integrations.verl.console import DriftFloorWatch, StartupWatch, StepFollower, step_fields
+    from verl_replay.integrations.verl.console import (
+        DriftFloorWatch,
+        StartupWatch,
+        StepFollower,
+        resumed_step,
+        step_fields,
+    )
 
     out = console()
+    done_before = resumed_step(config.trainer) or 0  # a resumed run starts after its checkpoint's step
     total = OmegaConf.select(config, "trainer.total_training_steps")
     split = OmegaConf.select(config, "trainer.v1.trainer_mode") != "sync"
     budget = OmegaConf.select(config, "actor_rollout_ref.rollout.response_length")
     max_response_length = int(budget) if budget is not None else None
     floor = DriftFloorWatch(replay_config.tau)
-    watch = StartupWatch(log_path)
+    watch = StartupWatch(log_path, first_step=done_before + 1)
     waiting_since = time.monotonic()
     last_status = [waiting_since]
 
     def on_step(step: int, data: dict) -> None:
         first = not follower.steps[:-1]
-        out.advance(step, step_seconds=data.get("timing_s/step") if first else None)
+        out.advance(step, step_seconds=data.get("timing_s/step"))  # the bar's ETA: step times only
         if first:
             out.status(None)
         out.line(
@@ -626,7 +707,7 @@ def follow_steps(config: DictConfig, replay_config: ReplayConfig, metrics_path: 
         out.refresh()
 
     follower = StepFollower(metrics_path, on_step, on_idle=on_idle)
-    out.start_progress(total)
+    out.start_progress(total, initial=min(done_before, total) if total else done_before)
     follower.start()
     return follower
 
@@ -637,6 +718,15 @@ def _run_ppo(config: DictConfig) -> None:
     from verl_replay.integrations.verl.task_runner import ReplayTaskRunner
 
     run_ppo(config, task_runner_class=ReplayTaskRunner)
+
+
+def _shutdown_ray() -> None:
+    """Stop the Ray cluster this run started (its workers, raylet, GCS) now rather than in Ray's
+    exit handler, which would keep the process alive for seconds after the done line. What Ray
+    prints while it stops goes to verl.log, as before."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 def _stop(follower: Any, out: Console) -> None:
@@ -678,8 +768,13 @@ def announce_done(run_dir: Path, seconds: float, steps: Optional[int]) -> None:
     names = [name for name in (METRICS_FILE, CONFIG_FILE, LOG_FILE, "replay_events.jsonl") if (run_dir / name).exists()]
     if (run_dir / "checkpoints").is_dir():
         names.append("checkpoints/")
-    counted = f"{steps} steps, " if steps is not None else ""
+    counted = f"{_count(steps, 'step')}, " if steps is not None else ""
     console().line(f"verl_replay: done ({counted}{_duration(seconds)}): {_shown(run_dir)}/ {{{', '.join(names)}}}")
+
+
+def _count(number: int, noun: str) -> str:
+    """``1 step``, ``2 steps``, ``0 steps``."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def _duration(seconds: float) -> str:
@@ -717,9 +812,32 @@ def main(config: DictConfig) -> None:
     global _COMPOSED
     _COMPOSED = True
     _release_stderr()
-    code = run(config)
-    if code != EXIT_OK:
-        raise SystemExit(code)
+    exit_now(run(config))  # not after the interpreter's teardown
+
+
+def exit_now(code: int) -> None:
+    """End the process with ``code`` once everything is written, skipping the interpreter's teardown.
+
+    After the done line a normal exit kept the process alive 4-33 s: Ray's exit handler stopping
+    the cluster (now done before the done line, :func:`_shutdown_ray`), then the finalisation of
+    torch's and Ray's native state. The exit handlers still run (Ray's, logging's, the run dir's
+    lock file; what they print goes to verl.log), then Python's and the console's streams are
+    flushed and the process exits with ``code``. Threads still running are not waited for: the
+    run's files are written by the Ray workers (stopped by now) and by this thread."""
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_handlers is None:  # not CPython: exit the usual way
+        if code != EXIT_OK:
+            raise SystemExit(code)
+        return
+    try:
+        run_exit_handlers()
+    finally:
+        for stream in (sys.stdout, sys.stderr, console().out, console().err):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
 
 
 def lock_named_run_dir(args: list[str]) -> None:
@@ -740,14 +858,11 @@ def lock_named_run_dir(args: list[str]) -> None:
 
 
 def _process_started() -> float:
-    """``time.monotonic()`` at this process's start (the interpreter's start-up and imports count
-    towards the run's wall time); now, where the process table cannot tell."""
-    try:
-        import psutil
+    """``time.monotonic()`` when the command's own work starts (:func:`cli`): the done line's time.
 
-        return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
-    except Exception:  # noqa: BLE001 - any failure: count from here
-        return time.monotonic()
+    Not the process's creation time: under ``bash -c 'pip install ... && python -m verl_replay.main'``
+    bash execs Python in its own process, created before the install ran."""
+    return time.monotonic()
 
 
 def verl_config_searchpath() -> Optional[str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+import yaml
 from crash import kill_tree
 from replay_audit import ELITE
 
@@ -119,13 +120,18 @@ def test_ctrl_c_stops_the_run_with_130_cleans_up_and_the_advice_resumes_it(
     _, alive = psutil.wait_procs(tree, timeout=60)
     assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], alive
 
-    # what the line says to do: the same command with run_dir, which resumes after the last
-    # checkpoint (here told to end RESUMED_STEPS later rather than train all the steps left)
+    # what the line says to do: run_dir alone, which resumes the run as it was started after its last
+    # checkpoint (here told to end RESUMED_STEPS later, where the run ends being a resume-time setting)
     saved = _checkpointed_step(latest)
     assert 1 <= saved < INTERRUPTED_RUN_STEPS, saved
     end = saved + RESUMED_STEPS
-    resumed = run_main(*overrides, f"trainer.total_training_steps={end}", experiment="interrupted", run_dir=run_dir)
-    assert "resuming outputs/interrupted" in resumed.output
+    config_before = yaml.safe_load((run_dir / "config.yaml").read_text())
+    resumed = run_main(f"trainer.total_training_steps={end}", experiment="interrupted", run_dir=run_dir)
+    assert "strategy=elite_iid" in resumed.output and "resuming outputs/interrupted" in resumed.output
+    config_after = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config_after["trainer"].pop("total_training_steps") == end
+    config_before["trainer"].pop("total_training_steps")
+    assert config_after == config_before  # every other setting as the interrupted run saved it
     steps = [int(m["training/global_step"]) for m in resumed.metrics]
     assert steps == list(range(saved + 1, end + 1)), (saved, steps)
     check_archive_rows_trained(audit, tiny_archive, tiny_assets.sql_model_dir, resumed.metrics)

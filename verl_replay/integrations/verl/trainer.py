@@ -48,6 +48,7 @@ from verl_replay.config import ReplayConfig
 from verl_replay.integrations.verl.actor_loss import AUDIT_ROUND_FIELD, AUDIT_STEP_FIELD, ReplayActorLoss
 from verl_replay.integrations.verl.console import DriftFloorWatch
 from verl_replay.integrations.verl.group_replay import GroupReplayStream, PolicyScorer
+from verl_replay.integrations.verl.replay_state import STATE_DIR
 from verl_replay.integrations.verl.rows import (
     REPLAY_GROUP_FIELD,
     REPLAY_SOURCE_FIELD,
@@ -64,7 +65,7 @@ from verl_replay.minibatch import plan_mini_batches, stratified_order
 
 logger = logging.getLogger(__name__)
 
-REPLAY_STATE_DIR = "replay"
+REPLAY_STATE_DIR = STATE_DIR  # replay_state.STATE_DIR, where the driver looks before Ray starts
 # Metrics the actor loss reports (verl prefixes every loss metric with actor/).
 LOSS_METRIC_PREFIX = "actor/replay/"
 
