@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,25 @@ def pytest_sessionstart(session) -> None:
     _progress["started"] = _progress["last_output"] = time.monotonic()
 
 
+@contextlib.contextmanager
+def _fds_to(handle):
+    """File descriptors 1 and 2 (what C code and Python's loggers write to) into ``handle``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        os.dup2(handle.fileno(), 1)
+        os.dup2(handle.fileno(), 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
 def pytest_xdist_setupnodes(config, specs) -> None:
     """In the controller, after the session's header and before the workers start."""
     import time
@@ -75,7 +96,14 @@ def pytest_xdist_setupnodes(config, specs) -> None:
 
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     reporter.write_line("tiny assets: checking the cached build (a new machine builds it once, a few minutes) ...")
-    build_tiny_assets()
+    # what the build's libraries print (transformers' CPU fast-path notice) is shown only if it fails
+    with tempfile.TemporaryFile("w+") as held, _fds_to(held):
+        try:
+            build_tiny_assets()
+        except BaseException:
+            held.seek(0)
+            sys.__stderr__.write(held.read())
+            raise
     reporter.write_line(f"tiny assets: ready ({_elapsed(time.monotonic() - _progress['started'])})")
 
 
