@@ -59,6 +59,7 @@ def _search_archive(tiny_assets, out: Path) -> dict:
         "--max-new-tokens",
         "96",
         "--no-progress",
+        "--json",
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
