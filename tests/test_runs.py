@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -73,20 +74,27 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-def test_a_run_dir_a_live_process_holds_is_refused_naming_it(tmp_path):
-    run = tmp_path / "run"
+@contextlib.contextmanager
+def _held_by_another_process(run):
+    """A live process holding ``run``'s lock until the block ends (then it exits; yields it)."""
     run.mkdir()
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(RunDirBusy, match=rf"in use by a live run \(process {holder.pid}\)"):
-            open_run_dir(str(run), tmp_path, "x")
-        assert sorted(p.name for p in run.iterdir()) == ["run.lock"]  # nothing else written
+        yield holder
     finally:
         holder.stdin.close()
         holder.wait()
+
+
+def test_a_run_dir_a_live_process_holds_is_refused_naming_it(tmp_path):
+    run = tmp_path / "run"
+    with _held_by_another_process(run) as holder:
+        with pytest.raises(RunDirBusy, match=rf"in use by a live run \(process {holder.pid}\)"):
+            open_run_dir(str(run), tmp_path, "x")
+        assert sorted(p.name for p in run.iterdir()) == ["run.lock"]  # nothing else written
     # the holder ended: its lock went with it; a folder holding only the lock file is not a resumed run
     opened = open_run_dir(str(run), tmp_path, "x")
     assert not opened.resumed and (run / "run.lock").read_text() == f"{os.getpid()}\n"
@@ -95,19 +103,11 @@ def test_a_run_dir_a_live_process_holds_is_refused_naming_it(tmp_path):
 
 def test_a_refused_run_leaves_the_holders_pid_and_the_holder_removes_the_file_at_exit(tmp_path):
     run = tmp_path / "run"
-    run.mkdir()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with _held_by_another_process(run) as holder:
         for _ in range(2):
             with pytest.raises(RunDirBusy):
                 lock_run_dir(run)
             assert (run / "run.lock").read_text() == f"{holder.pid}\n"  # the refused run wrote nothing
-    finally:
-        holder.stdin.close()
-        holder.wait()
     assert holder.returncode == 0 and not (run / "run.lock").exists()  # no dead process id left behind
 
 

@@ -41,8 +41,8 @@ RESUME_TIME_KEYS = (
     "trainer.resume_from_path",
     "replay.allow_missing_state",
 )
-# Settings the run's own start-up rewrites before saving them (the quiet console drops verl's
-# console logger; the run dir is made absolute): compared after the same rewrite.
+# The quiet console drops verl's console logger before the config is saved: trainer.logger is
+# compared without it.
 _CONSOLE_LOGGER = "console"
 
 
