@@ -159,6 +159,30 @@ def test_a_ray_task_error_is_told_by_its_cause():
     assert describe_failure(RuntimeError()) == "RuntimeError"
 
 
+def test_an_actor_that_died_in_its_init_is_told_by_the_exception_it_raised():
+    """Ray hands the driver only the text of the creation task's traceback; its last line is the why."""
+    import traceback
+
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    try:
+        raise OSError(98, "Address already in use")
+    except OSError as raised:
+        task_error = RayTaskError(
+            "CheckpointEngineWorker.__init__",
+            traceback.format_exc(),
+            raised,
+            proctitle="ray::rollout_0CheckpointEngineWorker_0:0:CheckpointEngineWorker.__init__",
+            pid=3167,
+            ip="192.0.2.2",
+        )
+    assert describe_failure(ActorDiedError(task_error)) == (
+        "ActorDiedError: CheckpointEngineWorker.__init__ raised OSError: [Errno 98] Address already in use"
+    )
+    # a system-level death (no creation-task traceback) keeps Ray's own first line
+    assert describe_failure(ActorDiedError()).startswith("ActorDiedError: The actor died unexpectedly")
+
+
 def test_follower_reads_each_complete_line_once_as_it_is_written(tmp_path):
     path = tmp_path / "metrics.jsonl"
     seen: list[tuple[int, float]] = []

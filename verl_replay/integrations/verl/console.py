@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -197,12 +198,28 @@ def quiet_ray_environment(environ: Optional[dict[str, str]] = None) -> None:
     env.setdefault("RAY_COLOR_PREFIX", "0")
 
 
+# The last line of a Python traceback: ``OSError: [Errno 98] ...``, ``ray.exceptions.X: ...``
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
+
+
 def describe_failure(error: BaseException) -> str:
-    """One line for a failed run: the original exception of a Ray task error, first line only."""
+    """One line for a failed run: the original exception of a Ray task error, first line only.
+
+    An actor whose ``__init__`` raised reaches the driver as ``ActorDiedError`` holding only the
+    text of its traceback; the line names the actor and the exception that ended it, so the reason
+    is on the console rather than only in ``verl.log``."""
     cause = getattr(error, "cause", None)
     cause = cause if isinstance(cause, BaseException) else error
     lines = [line for line in str(cause).strip().splitlines() if line.strip()]
-    return f"{type(cause).__name__}: {lines[0].strip()}" if lines else type(cause).__name__
+    if not lines:
+        return type(cause).__name__
+    summary = f"{type(cause).__name__}: {lines[0].strip()}"
+    if getattr(cause, "_actor_init_failed", False):
+        raised = next((line.strip() for line in reversed(lines[1:]) if _EXCEPTION_LINE.match(line)), None)
+        actor = re.search(r"ray::([\w.:]+?)\(\)", lines[0])
+        where = actor.group(1).rsplit(":", 1)[-1] if actor else "an actor's __init__"
+        summary = f"{type(cause).__name__}: {where} raised {raised}" if raised else summary
+    return summary
 
 
 # What a run waits for before its first step, by the verl.log lines that end each stage (in order);
