@@ -33,6 +33,49 @@ def test_missing_private_name_fails_with_clear_message(monkeypatch):
         cpu_support.use_plain_gloo_process_group()
 
 
+_INIT_WITH_PORT_TAKEN = """
+import os, socket, sys, torch
+taken = socket.socket()
+taken.bind(("127.0.0.1", 0))
+taken.listen()
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(taken.getsockname()[1]), RANK="0", WORLD_SIZE="1")
+from verl.checkpoint_engine import base
+from verl.workers import engine_workers
+original = engine_workers.initialize_global_process_group_ray
+if sys.argv[1] == "patched":
+    from verl_replay.integrations.verl import cpu_support
+    cpu_support.use_plain_gloo_process_group()
+    assert base.initialize_global_process_group_ray is not original
+    base.initialize_global_process_group_ray(timeout_second=None, backend="cpu:gloo")
+else:
+    original(timeout_second=30, backend="gloo")
+value = torch.ones(2)
+torch.distributed.all_reduce(value)
+print("group of", torch.distributed.get_world_size(), "sum", value.tolist())
+"""
+
+
+def test_a_one_process_group_needs_no_port(tmp_path):
+    """Two runs side by side: the port verl's controller probed may be taken before the worker binds
+    it. A group of one process is built on an in-process store; verl's own path dies on that port."""
+    import subprocess
+    import sys
+
+    def run(mode: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", _INIT_WITH_PORT_TAKEN, mode],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
+
+    patched = run("patched")
+    assert patched.returncode == 0 and "group of 1 sum [1.0, 1.0]" in patched.stdout, patched.stderr[-2000:]
+    verls = run("verl")
+    assert verls.returncode != 0 and "EADDRINUSE" in verls.stderr, verls.stderr[-2000:]
+
+
 def test_cpu_platform_is_registered_and_never_auto_detected():
     from verl.plugin.platform import PlatformRegistry
 

@@ -6,9 +6,10 @@ and each has a test (``tests/integrations/verl/test_cpu_support.py``) that fails
 message when a verl upgrade moves it. The obstacle numbers refer to ``shared/VERL_NOTES.md``.
 
 1. cpu platform ............. ``platform_cpu`` (public ``PlatformRegistry``)
-4. gloo process groups ...... private: ``engine_workers.initialize_global_process_group_ray``
-                              (verl builds "cpu:gloo,<device>:<backend>", which torch rejects
-                              when the device is cpu)
+4. gloo process groups ...... private: ``initialize_global_process_group_ray`` as
+                              ``engine_workers`` and ``checkpoint_engine.base`` name it (verl builds
+                              "cpu:gloo,<device>:<backend>", which torch rejects when the device is
+                              cpu; a one-process group gets an in-process store, not a probed port)
 5. FSDP engine for cpu ...... ``EngineRegistry.register`` (public decorator)
 8. ``hf`` rollout ............ ``RolloutReplicaRegistry.register`` (public) and the private
                               ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` for the adapter
@@ -43,8 +44,11 @@ For verl's split placement (``separate_async``) on CPU:
 
 from __future__ import annotations
 
+import datetime
 import functools
 import logging
+import os
+from typing import Optional
 
 import torch
 
@@ -61,6 +65,7 @@ PRIVATE_API_PATCHES: tuple[tuple[str, str], ...] = (
     ("verl.workers.rollout.base", "_ROLLOUT_REGISTRY"),
     ("verl.workers.engine.fsdp.transformer_impl", "CPUOffloadPolicy"),
     ("verl.workers.engine_workers", "initialize_global_process_group_ray"),
+    ("verl.checkpoint_engine.base", "initialize_global_process_group_ray"),
     ("verl.utils.fsdp_utils", "fsdp2_sharded_save_to_cpu"),
     ("verl.trainer.ppo.v1.replay_buffer", "ReplayBuffer"),
     ("verl.workers.engine.fsdp.transformer_impl", "logprobs_from_logits"),
@@ -118,19 +123,41 @@ def disable_pinned_memory_in_fsdp_engine() -> None:
     transformer_impl.CPUOffloadPolicy = unpinned_policy
 
 
+def init_single_process_group(backend: str, timeout_second: Optional[int] = None) -> bool:
+    """A one-process group (``WORLD_SIZE=1``: each tiny worker group) over an in-process store.
+
+    verl's path gives the group a TCP store on ``MASTER_PORT``, a port its controller found free
+    by binding and releasing it; between that probe and the store's bind another process may take
+    it (two runs side by side: ``EADDRINUSE``, the run dies at start-up). A group of one process
+    needs no port. False when the group has other ranks or exists already: verl's path then."""
+    if int(os.environ.get("WORLD_SIZE", "1")) != 1 or torch.distributed.is_initialized():
+        return False
+    timeout = datetime.timedelta(seconds=timeout_second) if timeout_second is not None else None
+    torch.distributed.init_process_group(
+        backend=backend, store=torch.distributed.HashStore(), rank=0, world_size=1, timeout=timeout
+    )
+    return True
+
+
 def use_plain_gloo_process_group() -> None:
+    """The training workers' and the rollout side's checkpoint-engine workers' process groups."""
+    from verl.checkpoint_engine import base as checkpoint_engine_base
     from verl.workers import engine_workers
 
-    init_fn = _require(engine_workers, "initialize_global_process_group_ray")
-    if getattr(init_fn, "_verl_replay_gloo", False):
-        return
+    for module in (engine_workers, checkpoint_engine_base):
+        init_fn = _require(module, "initialize_global_process_group_ray")
+        if getattr(init_fn, "_verl_replay_gloo", False):
+            continue
 
-    @functools.wraps(init_fn)
-    def init_gloo(timeout_second=None, backend=None):
-        return init_fn(timeout_second=timeout_second, backend=backend or "gloo")
+        @functools.wraps(init_fn)
+        def init_gloo(timeout_second=None, backend=None, _verl_init=init_fn):
+            # verl's default "cpu:gloo,<device>:<backend>" names no CPU device torch accepts
+            backend = "gloo" if backend in (None, "cpu:gloo") else backend
+            if not init_single_process_group(backend, timeout_second):
+                _verl_init(timeout_second=timeout_second, backend=backend)
 
-    init_gloo._verl_replay_gloo = True
-    engine_workers.initialize_global_process_group_ray = init_gloo
+        init_gloo._verl_replay_gloo = True
+        module.initialize_global_process_group_ray = init_gloo
 
 
 def register_hf_rollout() -> None:
