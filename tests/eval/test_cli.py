@@ -139,7 +139,8 @@ def test_the_console_shows_our_lines_not_the_ones_the_bar_shows_nor_other_librar
         # a library's info line (not transformers' own logger: once transformers is imported in this
         # process, which depends on the tests run before, it drops its info lines itself)
         logging.getLogger("some_library.loading").info("loading weights file")
-        logging.getLogger("vllm").warning("a warning of a library")
+        # (nor vLLM's logger: once vLLM is imported, it has its own handler and does not propagate)
+        logging.getLogger("some_library.engine").warning("a warning of a library")
     finally:
         for handler in root.handlers[len(before) :]:
             handler.close()
