@@ -5,7 +5,8 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 VERL_VERSION = "0.9.1"
-# CPU runs use the torch 2.13.0 CPU build; verl 0.9.1's GPU stack is torch 2.11.0 + vllm 0.24.0.
+# verl 0.9.1's GPU stack is torch 2.11.0 + vllm 0.24.0; the CPU stack is the same minus CUDA
+# (scripts/install_cpu.sh: torch 2.11.0 and vLLM's CPU build, whose kernels load on 2.11.0 only).
 TORCH_RANGE = "torch>=2.11.0,<2.14"
 # Exactly verl 0.9.1's own pin (its `vllm` and `cpu` extras): verl replaces Qwen3.5's forward
 # methods wholesale (verl/models/transformers/qwen3_5.py), so another transformers is an untested
@@ -80,5 +81,7 @@ setup(
         # Loaded by `import verl` in every process (driver and Ray workers). The module only
         # registers verl extensions; it changes nothing unless VERL_PLATFORM=cpu is set.
         "verl.plugins": ["verl_replay = verl_replay.integrations.verl.plugin"],
+        # Loaded by vLLM in every engine process; patches only vLLM's CPU build (CPU runs).
+        "vllm.general_plugins": ["verl_replay_cpu = verl_replay.integrations.vllm.cpu_plugin:register"],
     },
 )

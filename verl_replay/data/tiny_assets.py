@@ -72,7 +72,7 @@ from verl_replay.data.tiny_sql import TINY_SQL_SOURCE, build_tiny_sql
 
 # Bump when the layout, the generators or the model/tokenizer recipe change: old caches are
 # then ignored because the default directory name and the manifest both carry the version.
-ASSET_FORMAT_VERSION = 3
+ASSET_FORMAT_VERSION = 4
 MODEL_ARCHS = ("qwen3_5", "qwen2")
 DEFAULT_MODEL_ARCH = "qwen3_5"
 MANIFEST_NAME = "MANIFEST.json"
@@ -313,8 +313,10 @@ def tiny_model_config(
             head_dim=32,
             layer_types=list(layer_types),
             linear_conv_kernel_dim=4,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
+            # vLLM's CPU kernels for Gated DeltaNet take head dims that are multiples of 32 only
+            # ("expect qk_head_size to be multiples of 32"): the tiny model runs in vLLM as is.
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
             linear_num_key_heads=2,
             linear_num_value_heads=4,
             # Qwen3.5 rotates a quarter of each head (here 8 of 32 dims = 4 frequencies), split

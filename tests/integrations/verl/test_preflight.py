@@ -517,3 +517,83 @@ def test_canary_engine_reads_actor_level_entropy_keys():
     content = generated.read_text()
     assert "${oc.select:actor_rollout_ref.actor.entropy_from_logits_with_chunking,False}" in content
     assert "${oc.select:actor_rollout_ref.actor.entropy_checkpointing,False}" in content
+
+
+def _cpu_vllm_config(tmp_path: Path, **changes) -> dict:
+    """The keys the CPU vLLM check reads, as the cpu_tiny profile sets them (Qwen3.5-4B's linear head
+    dims, 128, are multiples of 32)."""
+    config = paper_config(tmp_path, **{"trainer.device": "cpu"})
+    rollout = config["actor_rollout_ref"]["rollout"]
+    for key, value, _ in pf.VLLM_CPU_SETTINGS:
+        node = rollout
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    for dotted, value in changes.items():
+        node = config
+        *parents, leaf = dotted.split(".")
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    return config
+
+
+class _CPUProbe(MachineProbe):
+    def __init__(self, plugin: bool = True, **kwargs):
+        super().__init__(cuda=None, gpus=(), versions={"vllm": "0.24.0+cpu", **kwargs.pop("versions", {})}, **kwargs)
+        self.plugin = plugin
+
+    def entry_point(self, group, name):
+        return self.plugin and (group, name) == pf.VLLM_CPU_PLUGIN
+
+
+def test_vllm_cpu_build_with_the_profile_settings_passes(tmp_path):
+    check = _by_name(pf.run_checks(_cpu_vllm_config(tmp_path), _CPUProbe(free_disk=10**13))[0])["vllm"]
+    assert check.status == pf.OK and "0.24.0+cpu" in check.detail
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("dtype", "float32", "bf16"),
+        ("enforce_eager", False, "CUDA graphs"),
+        ("enable_sleep_mode", True, "sleep mode"),
+        ("free_cache_engine", True, "sleep mode"),
+        ("enable_prefix_caching", True, "Triton"),
+        ("engine_kwargs.vllm.mamba_ssm_cache_dtype", "auto", "fp32 state"),
+    ],
+)
+def test_vllm_cpu_settings_the_build_cannot_run(tmp_path, key, value, named):
+    config = _cpu_vllm_config(tmp_path, **{f"actor_rollout_ref.rollout.{key}": value})
+    check = _by_name(pf.run_checks(config, _CPUProbe(free_disk=10**13))[0])["vllm"]
+    assert check.status == pf.FAIL and f"actor_rollout_ref.rollout.{key}" in check.detail + check.fix
+    assert named in check.detail
+
+
+def test_vllm_cpu_install_problems(tmp_path):
+    config = _cpu_vllm_config(tmp_path)
+    missing = _by_name(pf.run_checks(config, _CPUProbe(missing={"vllm"}, free_disk=10**13))[0])["vllm"]
+    assert missing.status == pf.FAIL and "install_cpu.sh" in missing.fix
+    no_record = _by_name(pf.run_checks(config, _CPUProbe(versions={"vllm": "0.24.0"}, free_disk=10**13))[0])["vllm"]
+    assert no_record.status == pf.FAIL and "+cpu" in no_record.detail
+    no_plugin = _by_name(pf.run_checks(config, _CPUProbe(plugin=False, free_disk=10**13))[0])["vllm"]
+    assert no_plugin.status == pf.FAIL and pf.VLLM_CPU_PLUGIN[1] in no_plugin.detail
+
+
+def test_vllm_cpu_needs_linear_head_dims_of_32(tmp_path):
+    config = _cpu_vllm_config(tmp_path)
+    model = Path(config["actor_rollout_ref"]["model"]["path"])
+    hf_config = json.loads((model / "config.json").read_text())
+    hf_config["text_config"]["linear_key_head_dim"] = 16
+    (model / "config.json").write_text(json.dumps(hf_config))
+    check = _by_name(pf.run_checks(config, _CPUProbe(free_disk=10**13))[0])["vllm"]
+    assert check.status == pf.FAIL and "'linear_key_head_dim': 16" in check.detail
+
+
+def test_the_cpu_profile_and_the_installed_plugin_pass_the_check():
+    """The composed cpu_tiny profile against this venv's real vLLM record and entry point."""
+    if pf.Probe().version("vllm") is None:
+        pytest.skip("no vLLM in this venv")
+    check = pf._check_vllm_cpu(pf.compose_config(["platform=cpu_tiny"]), pf.Probe(), None)
+    assert check.status == pf.OK, check

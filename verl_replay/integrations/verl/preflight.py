@@ -129,6 +129,10 @@ class Probe:
         except (ImportError, ValueError):
             return False
 
+    def entry_point(self, group: str, name: str) -> bool:
+        """Whether an installed distribution registers entry point ``name`` in ``group``."""
+        return any(ep.name == name for ep in importlib.metadata.entry_points(group=group))
+
     def torch_cuda(self) -> str | None:
         """CUDA version torch was built for (None: a CPU build)."""
         import torch
@@ -396,6 +400,70 @@ def _check_vllm(config: Mapping[str, Any], probe: Probe) -> Check:
             "vllm", WARN, f"{version}, verl 0.9.1 is tested with {VLLM_VERSION}", f"pip install vllm=={VLLM_VERSION}"
         )
     return Check("vllm", OK, version)
+
+
+# What vLLM's CPU build needs from a rollout config (key under actor_rollout_ref.rollout -> value,
+# why); the cpu_tiny profile sets each. docs/cpu_stack.md explains them.
+VLLM_CPU_SETTINGS: tuple[tuple[str, Any, str], ...] = (
+    ("dtype", "bfloat16", "its Gated DeltaNet kernel runs in bf16 only"),
+    ("enforce_eager", True, "no CUDA graphs on CPU"),
+    ("enable_sleep_mode", False, "sleep mode is not implemented on CPU"),
+    ("free_cache_engine", False, "freeing the engine's cache needs sleep mode"),
+    ("enable_prefix_caching", False, "a hybrid model's prefix cache copies Mamba state with a Triton kernel"),
+    ("engine_kwargs.vllm.mamba_ssm_cache_dtype", "float32", "its Gated DeltaNet kernel keeps fp32 state"),
+)
+# The vLLM plugin (setup.py entry point) that zeroes new KV-cache blocks on vLLM's CPU build.
+VLLM_CPU_PLUGIN = ("vllm.general_plugins", "verl_replay_cpu")
+# vLLM's CPU Gated DeltaNet kernel: "expect qk_head_size to be multiples of 32".
+VLLM_CPU_LINEAR_HEAD_MULTIPLE = 32
+INSTALL_CPU = "bash scripts/install_cpu.sh (a fresh .venv with torch 2.11.0 and vLLM's CPU build)"
+
+
+def _check_vllm_cpu(config: Mapping[str, Any], probe: Probe, shape: ModelShape | None) -> Check:
+    """vLLM's CPU build as the rollout engine of a trainer.device=cpu run."""
+    name = config_value(config, "actor_rollout_ref.rollout.name", "vllm")
+    if name != "vllm":
+        return Check("vllm", SKIP, f"rollout is {name}")
+    version = probe.version("vllm")
+    if version is None or not probe.has_module("vllm"):
+        return Check("vllm", FAIL, "not installed (rollout.name=vllm, trainer.device=cpu)", INSTALL_CPU)
+    if version.split("+")[0] != VLLM_VERSION or "cpu" not in version:
+        return Check(
+            "vllm",
+            FAIL,
+            f"{version} is not vLLM {VLLM_VERSION}'s CPU build: vLLM picks its CPU platform from '+cpu' "
+            f"in that version, and verl 0.9.1 is tested with {VLLM_VERSION}",
+            INSTALL_CPU,
+        )
+    if not probe.entry_point(*VLLM_CPU_PLUGIN):
+        return Check(
+            "vllm",
+            FAIL,
+            f"verl-replay's vLLM plugin {VLLM_CPU_PLUGIN[1]} is not registered: without it vLLM's CPU build "
+            "cannot take verl's weight push, and stale KV-cache blocks turn rollouts NaN",
+            "pip install -e . (a stale verl_replay.egg-info in the working directory also hides it)",
+        )
+    rollout = "actor_rollout_ref.rollout"
+    for key, wanted, why in VLLM_CPU_SETTINGS:
+        value = config_value(config, f"{rollout}.{key}")
+        if value != wanted:
+            return Check(
+                "vllm",
+                FAIL,
+                f"{rollout}.{key}={value} on vLLM's CPU build ({why})",
+                f"set {rollout}.{key}={str(wanted).lower() if isinstance(wanted, bool) else wanted}",
+            )
+    if shape is not None and shape.linear_key_head_dim:
+        dims = {"linear_key_head_dim": shape.linear_key_head_dim, "linear_value_head_dim": shape.linear_value_head_dim}
+        odd = {k: v for k, v in dims.items() if v % VLLM_CPU_LINEAR_HEAD_MULTIPLE}
+        if odd:
+            return Check(
+                "vllm",
+                FAIL,
+                f"model {odd}: vLLM's CPU Gated DeltaNet kernel takes multiples of {VLLM_CPU_LINEAR_HEAD_MULTIPLE}",
+                "rebuild the tiny assets (python scripts/build_tiny_assets.py) or use a model with such head dims",
+            )
+    return Check("vllm", OK, f"{version} (CPU build, verl-replay's vLLM plugin registered)")
 
 
 def _check_weight_sync(config: Mapping[str, Any], probe: Probe) -> Check:
@@ -784,9 +852,9 @@ def run_checks(
     probe = probe or Probe()
     on_cpu = config_value(config, "trainer.device", "cuda") == "cpu"
     checks = [_check_python(config, probe), _check_torch(config, probe)]
-    checks.append(Check("vllm", SKIP, "trainer.device=cpu") if on_cpu else _check_vllm(config, probe))
-    checks.append(_check_weight_sync(config, probe))
     model_check, shape, _ = _model_shape(config, probe)
+    checks.append(_check_vllm_cpu(config, probe, shape) if on_cpu else _check_vllm(config, probe))
+    checks.append(_check_weight_sync(config, probe))
     gpu_check, gpus = _check_gpus(config, probe, placement_need(config, stages, generation_gpus))
     checks.append(_check_attention(config, probe, shape, gpus))
     checks.append(_check_model_arch(config, probe, model_check, shape) if not on_cpu else model_check)

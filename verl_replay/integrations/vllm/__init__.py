@@ -1,0 +1,1 @@
+"""vLLM extensions: plugins vLLM itself loads (vllm.general_plugins), no verl imports."""
