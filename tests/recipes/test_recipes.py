@@ -478,7 +478,7 @@ def test_tiny_recipe_dry_run_prints_the_split_placement(tmp_path) -> None:
     assert config["trainer"]["v1"]["trainer_mode"] == "separate_async"
     assert config["trainer"]["v1"]["separate_async"]["parameter_sync_step"] == 2
     assert config["actor_rollout_ref"]["rollout"]["checkpoint_engine"]["backend"] == "cpu_gloo"
-    assert config["actor_rollout_ref"]["rollout"]["name"] == "hf" and config["trainer"]["device"] == "cpu"
+    assert config["actor_rollout_ref"]["rollout"]["name"] == "vllm" and config["trainer"]["device"] == "cpu"
     assert (
         config["actor_rollout_ref"]["rollout"]["nnodes"],
         config["actor_rollout_ref"]["rollout"]["n_gpus_per_node"],

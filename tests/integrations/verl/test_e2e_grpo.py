@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from reproducible_rollout import HF_ROLLOUT
 from safetensors.torch import load_file
 
 # what this file's verl runs take on 2 cores (tests/conftest.py starts the longest first)
@@ -126,6 +127,7 @@ def check_console(run, steps: int) -> None:
 def test_grpo_loop_runs_updates_the_actor_and_matches_verls_own(run_main, tiny_assets, tmp_path):
     probe_path = tmp_path / "fresh_rows.json"
     overrides = (
+        *HF_ROLLOUT,  # compared with verl's own entry point, run for run
         "tiny_task=sql",
         "trainer.total_training_steps=3",
         "trainer.save_freq=3",

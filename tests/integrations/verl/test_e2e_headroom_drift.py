@@ -19,6 +19,7 @@ import torch
 from crash import kill_after_checkpoint
 from independent_checks import check_fresh_rows_untouched
 from replay_audit import GROUP_REPLAY, first_fresh_occurrences, read_audit
+from reproducible_rollout import HF_ROLLOUT
 
 from verl_replay.compare.collect import read_metrics
 from verl_replay.headroom_drift.buffer import HeadroomDriftBuffer
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.e2e
 # log-ratio at lr 1e-4), so the gate both accepts and rejects.
 TAU = 0.045
 REPLAY = (
+    *HF_ROLLOUT,  # every run here is compared with another of the same seed, token for token
     "replay.strategy=headroom_drift",
     "replay.k_rep=2",
     f"replay.tau={TAU}",
@@ -128,6 +130,7 @@ def test_headroom_drift_replay_end_to_end(run_main, spawn_main, tmp_path):
     first_replay = next(int(m["training/global_step"]) for m in metrics if m["replay/accepted"] > 0)
     assert first_replay <= 3, f"no replayed group before step {first_replay}: the off run would be long"
     off = run_main(
+        *HF_ROLLOUT,
         "replay.strategy=none",
         f"trainer.total_training_steps={first_replay}",
         f"replay.audit_dir={tmp_path / 'audit_off'}",
