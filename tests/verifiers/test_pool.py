@@ -373,3 +373,22 @@ def test_preloading_the_sql_module_starts_each_workers_sandbox(db: Path) -> None
         assert result.correct
         assert tasks.children_of(worker) == sandbox_workers  # the same, reused: no cold start
     assert_processes_gone(sandbox_workers)  # they die with their pool worker
+
+
+def test_workers_that_all_die_idle_start_again_only_for_work() -> None:
+    """A process being torn down (its process group killed) loses every worker at once while idle:
+    the pool does not start new ones then (a start would meet a dead forkserver and print its
+    traceback into the run's log), but a task submitted afterwards still runs."""
+    with VerifierPool(num_workers=2) as pool:
+        assert pool.wait_ready(STARVED_SCHEDULER_S)
+        first = pool.worker_pids()
+        for pid in first:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + STARVED_SCHEDULER_S
+        while pool.replacements < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.replacements == 2
+        time.sleep(0.3)  # a supervisor that restarted workers would have started them by now
+        assert pool.worker_pids() == [] and pool.started_pids == first
+        assert pool.map(tasks.scenario, [("ok", 3)]) == [30]
+        assert pool.wait_ready(STARVED_SCHEDULER_S) and len(pool.worker_pids()) == 2

@@ -291,6 +291,9 @@ class VerifierPool:
         self._pending: collections.deque[_Task] = collections.deque()
         self._start_failures = 0
         self._spawn_retry_at = 0.0  # monotonic time before which no start is retried
+        # Every worker died while the pool was idle: what a process being torn down sees (its
+        # process group killed, the forkserver with it). Workers then start again only for work.
+        self._all_died_idle = False
         self._broken = ""
         self._n_ready = 0
         self._all_ready = threading.Event()
@@ -411,6 +414,7 @@ class VerifierPool:
         while len(self._workers) < self.num_workers and time.monotonic() >= self._spawn_retry_at:
             try:
                 self._spawn()
+                self._all_died_idle = False
             except Exception as exc:  # noqa: BLE001 - any start failure; the supervisor must go on
                 self._start_failures += 1
                 logger.warning("VerifierPool: a worker did not start (%d in a row): %r", self._start_failures, exc)
@@ -477,8 +481,11 @@ class VerifierPool:
             self._start_failures += 1
             if self._start_failures >= _MAX_START_FAILURES:
                 self._broken = f"{_MAX_START_FAILURES} workers in a row died before starting"
+        idle = worker.task is None
         self._retire(worker, "worker_crashed", "worker process died", kill=False)
         self.replacements += 1
+        if idle and worker.ready and not self._workers and not self._pending:
+            self._all_died_idle = True
 
     def _handle_message(self, worker: _Worker) -> bool:
         """Read one message; False if the pipe is dead (the sentinel will follow)."""
@@ -569,7 +576,8 @@ class VerifierPool:
     def _loop(self) -> None:
         while True:
             closing = self._take_incoming()
-            if not self._broken and (not closing or self._pending):  # a closing pool starts workers only to drain
+            # a closing pool starts workers only to drain; one whose workers all died idle, only for work
+            if not self._broken and (self._pending or (not closing and not self._all_died_idle)):
                 self._spawn_missing()
             if self._broken:
                 self._fail_pending("worker_start_failed", self._broken)
@@ -579,7 +587,8 @@ class VerifierPool:
 
             now = time.monotonic()
             next_deadline = min((w.deadline for w in self._workers), default=float("inf"))
-            if not self._broken and len(self._workers) < self.num_workers:
+            wants_workers = self._pending or not self._all_died_idle
+            if not self._broken and len(self._workers) < self.num_workers and wants_workers:
                 next_deadline = min(next_deadline, self._spawn_retry_at)
             wait_s = None if next_deadline == float("inf") else max(0.0, next_deadline - now)
             waitables: list[Any] = [self._wake_r]
