@@ -18,7 +18,8 @@
 # GROUP_SIZE, PPO_MINI_PROMPTS, MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH, LR, MU, ELITE_BATCH_SIZE,
 # ARCHIVE, SEARCH_*, EVAL_N, EVAL_K, EVAL_MODEL, STAGES.
 # DRY_RUN=1: compose + validate + print the training config on CPU; search/eval commands only printed.
-# TINY=1: the same recipe at toy scale on CPU (tiny SQL model and databases, hf backends).
+# TINY=1: the same recipe at toy scale on CPU (tiny SQL model and databases; training rolls out with
+# verl's vLLM server on vLLM's CPU build, the archive search and evaluation with transformers).
 # TINY=1 TINY_TASK=shapes: the tiny query-shapes profile (questions with three right query shapes,
 # 60 global steps of 8 questions x 8 responses, held-out validation every 10 steps; recipes/README.md).
 set -euo pipefail

@@ -17,7 +17,8 @@
 # GROUP_SIZE, PPO_MINI_PROMPTS, MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH, LR, K_REP (groups per global
 # step), TAU, REPLAY_CAPACITY, EVAL_N, EVAL_K, EVAL_MODEL, STAGES.
 # DRY_RUN=1: compose + validate + print the training config on CPU; the eval command is only printed.
-# TINY=1: the same recipe at toy scale on CPU (tiny math model and data, hf backends).
+# TINY=1: the same recipe at toy scale on CPU (tiny math model and data; training rolls out with
+# verl's vLLM server on vLLM's CPU build, the evaluation with transformers).
 # TINY=1 TINY_TASK=arith: the tiny addition profile (60 global steps of 8 prompts x 8 responses,
 # validation on 256 held-out problems every 10 steps; train stage only; recipes/README.md).
 # DOMAIN: math (default) | search (agentic search: verl's tool agent loop with a retrieval tool;
