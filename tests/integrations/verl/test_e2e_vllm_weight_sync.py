@@ -1,8 +1,9 @@
 """verl's weight push into vLLM, proven from outside: after each global step's push the rollout engine
 scores its sequences as the trainer's weights of that step do, and not as the step before's.
 
-The run: on-policy GRPO on the split placement (verl's ``separate_async`` trainer, verl's vLLM server
-on vLLM's CPU build, the trainer's weights pushed every global step), a learning rate that moves the
+The run: GRPO on the split placement (verl's ``separate_async`` trainer, 2 update rounds per global
+step, verl's vLLM server on vLLM's CPU build, the trainer's weights pushed every global step through
+the CPU weight-sync engine), a learning rate that moves the
 weights well past the engine's bf16 floor per step, and the update audit (``replay.audit_dir``),
 which records the weights every optimiser step was taken at. Independent source: a plain
 transformers forward (fp32) of each recorded weight version over the tokens vLLM sampled; vLLM's
@@ -23,6 +24,7 @@ import pytest
 import torch
 from independent_checks import read_gradient_records, rows_log_probs, tiny_model
 from replay_audit import FRESH, AuditedRow, read_audit
+from split_checks import SPLIT_OVERRIDES
 
 pytestmark = pytest.mark.e2e
 
@@ -40,6 +42,7 @@ MUTED_PUSH = str(Path(__file__).with_name("muted_push.py").parent)
 def _run(run_main, tmp_path: Path, *extra: str, experiment: str):
     audit = tmp_path / f"audit_{experiment}"
     run_main(
+        *SPLIT_OVERRIDES,
         "replay.strategy=none",
         f"trainer.total_training_steps={STEPS}",
         f"actor_rollout_ref.actor.optim.lr={LEARNING_RATE}",
@@ -50,13 +53,24 @@ def _run(run_main, tmp_path: Path, *extra: str, experiment: str):
     return audit
 
 
+def weight_versions(audit: Path) -> list[dict[str, torch.Tensor]]:
+    """The trainer's weights after each global step, from the weights each optimiser step was taken
+    at: version v = before the first optimiser step of global step v + 1 (v = 0: the base model)."""
+    first_of_step: dict[int, dict[str, torch.Tensor]] = {}
+    for record in read_gradient_records(audit):
+        first_of_step.setdefault(int(record["replay_global_step"]), record["weights"])
+    steps = sorted(first_of_step)
+    assert steps == list(range(1, len(steps) + 1)), steps
+    return [first_of_step[step] for step in steps]
+
+
 def version_distances(audit: Path, model_dir: Path) -> tuple[list[AuditedRow], torch.Tensor]:
     """Fresh rows of the run and, per row, the mean |vLLM - fp32| per token under each recorded
     weight version: ``[rows, versions]``, version v = the weights after v optimiser steps."""
     rows = [row for row in read_audit(audit) if row.source == FRESH and row.rollout_log_probs is not None]
     assert rows, "no fresh row recorded vLLM's log-probs (rollout.calculate_log_probs)"
     pairs = [row.tokens for row in rows]
-    versions = [record["weights"] for record in read_gradient_records(audit)]
+    versions = weight_versions(audit)
     distances = torch.empty(len(rows), len(versions))  # [R, V]
     with torch.no_grad():
         for v, weights in enumerate(versions):

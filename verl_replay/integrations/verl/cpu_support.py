@@ -12,9 +12,11 @@ message when a verl upgrade moves it. The obstacle numbers refer to ``shared/VER
                               cpu; a one-process group gets an in-process store, not a probed port)
 5. FSDP engine for cpu ...... ``EngineRegistry.register`` (public decorator)
 8. ``hf`` rollout ............ ``RolloutReplicaRegistry.register`` (public) and the private
-                              ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` for the adapter
+                              ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` for the adapter (the
+                              CPU profile rolls out with verl's vLLM server; ``hf`` serves the tests
+                              that compare two runs token for token: docs/cpu_stack.md)
 9. no pinned memory ......... private: the FSDP engine module's ``CPUOffloadPolicy`` name
-10. Qwen3.5's processor ...... no torchvision on the CPU stack: ``vl_processor`` (a transformers
+10. Qwen3.5's processor ...... a venv without torchvision: ``vl_processor`` (a transformers
                               private name, listed there), else verl silently drops the processor
 11. packed Qwen3.5 rows ...... no flash-linear-attention / causal-conv1d on the CPU stack:
                               ``cpu_linear_attention`` fills the Gated DeltaNet layer's empty kernel
