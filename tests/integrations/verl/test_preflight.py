@@ -522,21 +522,8 @@ def test_canary_engine_reads_actor_level_entropy_keys():
 def _cpu_vllm_config(tmp_path: Path, **changes) -> dict:
     """The keys the CPU vLLM check reads, as the cpu_tiny profile sets them (Qwen3.5-4B's linear head
     dims, 128, are multiples of 32)."""
-    config = paper_config(tmp_path, **{"trainer.device": "cpu"})
-    rollout = config["actor_rollout_ref"]["rollout"]
-    for key, value, _ in pf.VLLM_CPU_SETTINGS:
-        node = rollout
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[leaf] = value
-    for dotted, value in changes.items():
-        node = config
-        *parents, leaf = dotted.split(".")
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[leaf] = value
-    return config
+    profile = {f"actor_rollout_ref.rollout.{key}": value for key, value, _ in pf.VLLM_CPU_SETTINGS}
+    return paper_config(tmp_path, **{"trainer.device": "cpu", **profile, **changes})
 
 
 class _CPUProbe(MachineProbe):
