@@ -116,7 +116,9 @@ if is_tiny_arith; then
   # still shrink to the acceptances the scan expects, so the unscanned tail stays small
   : "${SCAN_CHUNK_GROUPS:=64}"
 fi
-: "${TOTAL_STEPS:=$(pick 500 3)}"
+# TINY: 6 global steps, enough for buffered groups to age past tau and be rejected (a step takes
+# ~2 s; start-up dominates)
+: "${TOTAL_STEPS:=$(pick 500 6)}"
 # TINY=1 keeps the full recipe's shape: 2 update rounds per global step.
 : "${TRAIN_PROMPTS:=$(pick 32 4)}"            # fresh prompts per global step (x GROUP_SIZE = b256)
 : "${GROUP_SIZE:=$(pick 8 4)}"
