@@ -72,3 +72,23 @@ def test_vllm_still_dispatches_through_the_patched_name():
         source = inspect.getsource(module)
         assert "from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm" in source
         assert not hasattr(module, "dispatch_cpu_unquantized_gemm"), module.__name__
+
+
+def test_a_packed_weight_takes_a_push_through_its_repacking_loader():
+    """vLLM's mamba loader writes slices of an unpacked [dim, 1, kernel] weight; the wrapped loader
+    gives it an unpacked staging tensor and packs the result into the packed parameter."""
+
+    def vllm_loader(param, loaded):  # writes row blocks, as mamba_v2_sharded_weight_loader does
+        param.data[:2] = loaded[:2]
+        param.data[2:] = loaded[2:]
+
+    def pack(weight):  # [dim, 1, kernel] -> a "packed" [kernel, dim]
+        return weight.view(weight.size(0), weight.size(2)).t().contiguous() * 10
+
+    packed = torch.nn.Parameter(torch.zeros(3, 4), requires_grad=False)  # [kernel, dim]
+    load = cpu_reloadable_linear.repacking_loader(vllm_loader, (4, 1, 3), pack)
+    pushed = torch.arange(12.0).view(4, 1, 3)
+    load(packed, pushed)
+    assert torch.equal(packed.data, pack(pushed))
+    load(packed, pushed + 1)  # the next push replaces the packed weight whole
+    assert torch.equal(packed.data, pack(pushed + 1))
