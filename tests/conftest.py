@@ -46,6 +46,32 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=order)
 
 
+# A verl run on the CPU stack (a dozen Ray processes importing torch 2.11, plus vLLM's server, engine
+# and worker) takes ~6-7 GiB, more at its peaks; two at once reached 22.4 of 24 GiB and Ray's memory
+# monitor killed workers. Below this much memory the test workers take turns at end-to-end tests
+# (a lock in their common temp dir); the other tests still run side by side.
+GIB_FOR_CONCURRENT_RUNS = 40
+
+
+@pytest.fixture(autouse=True)
+def _one_end_to_end_run_at_a_time(request, tmp_path_factory):
+    import fcntl
+
+    import psutil
+
+    small = psutil.virtual_memory().total / 2**30 < GIB_FOR_CONCURRENT_RUNS
+    if request.node.get_closest_marker("e2e") is None or not small or not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # the session's temp root, common to its workers
+    with open(shared / "end_to_end.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 # ---------------------------------------------------------------------------- progress
 # The suite's first results come minutes in: its end-to-end runs start first and each takes minutes,
 # and the tiny assets are built on first use. The controller builds the assets itself, saying so,
