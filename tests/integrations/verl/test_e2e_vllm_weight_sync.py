@@ -36,7 +36,7 @@ ENGINE_FLOOR = 0.03
 STALE_FACTOR = 3.0
 STEPS = 4
 LEARNING_RATE = 3e-3  # the tiny model moves ~0.1 nat per token per step: 20x the engine floor
-MUTED_PUSH = str(Path(__file__).with_name("muted_push.py").parent)
+MUTED_PUSH_DIR = str(Path(__file__).parent)  # muted_push.py, imported by the Ray workers
 
 
 def _run(run_main, tmp_path: Path, *extra: str, experiment: str):
@@ -109,7 +109,7 @@ def test_each_push_reaches_vllm(run_main, tiny_assets, tmp_path):
 
 
 def test_a_push_that_does_nothing_fails_the_check(run_main, tiny_assets, tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [MUTED_PUSH, os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [MUTED_PUSH_DIR, os.environ.get("PYTHONPATH")])))
     audit = _run(
         run_main,
         tmp_path,
