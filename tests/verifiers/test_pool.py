@@ -14,6 +14,7 @@ import verifier_tasks as tasks
 from load_tolerant import STARVED_SCHEDULER_S, within_deadline
 from verifier_fixtures import fingerprint
 
+from verl_replay.verifiers import pool as pool_module
 from verl_replay.verifiers.pool import TaskFailure, VerifierPool
 from verl_replay.verifiers.sandbox import warm_sql_sandbox
 from verl_replay.verifiers.sql import SQLVerification, sql_failure, verify_sql
@@ -382,13 +383,16 @@ def test_workers_that_all_die_idle_start_again_only_for_work() -> None:
     with VerifierPool(num_workers=2) as pool:
         assert pool.wait_ready(STARVED_SCHEDULER_S)
         first = pool.worker_pids()
-        for pid in first:
+        for pid in first:  # one at a time, as a starved supervisor may see a process group die
             os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
         deadline = time.monotonic() + STARVED_SCHEDULER_S
         while pool.replacements < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert pool.replacements == 2
-        time.sleep(0.3)  # a supervisor that restarted workers would have started them by now
+        # the supervisor may see the deaths one at a time (a starved scheduler): the first must not
+        # be replaced before the second is seen, and neither after the grace
+        time.sleep(pool_module._IDLE_DEATH_GRACE_S + 0.5)
         assert pool.worker_pids() == [] and pool.started_pids == first
         assert pool.map(tasks.scenario, [("ok", 3)]) == [30]
         assert pool.wait_ready(STARVED_SCHEDULER_S) and len(pool.worker_pids()) == 2

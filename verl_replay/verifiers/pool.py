@@ -61,6 +61,10 @@ _MAX_START_FAILURES = 5
 _MAX_UNTAKEN = 3
 # Pause after a worker start that raised, doubled per failure in a row (0.1 s, 0.2 s, ...).
 _SPAWN_RETRY_S = 0.05
+# How long an idle pool waits before replacing a worker that died idle: the supervisor sees a
+# killed process group's workers die one at a time, and a start in between would meet the dead
+# forkserver. Work that arrives meanwhile starts workers at once.
+_IDLE_DEATH_GRACE_S = 1.0
 # Preloading this module means the tasks verify SQL (see _worker_main).
 _SQL_MODULE = "verl_replay.verifiers.sql"
 
@@ -294,6 +298,7 @@ class VerifierPool:
         # Every worker died while the pool was idle: what a process being torn down sees (its
         # process group killed, the forkserver with it). Workers then start again only for work.
         self._all_died_idle = False
+        self._idle_respawn_at = 0.0  # monotonic time before which an idle pool starts no worker
         self._broken = ""
         self._n_ready = 0
         self._all_ready = threading.Event()
@@ -476,6 +481,10 @@ class VerifierPool:
         else:
             self._all_ready.clear()
 
+    def _idle_wants_workers(self) -> bool:
+        """An idle pool replaces dead workers after the grace, unless every one died idle."""
+        return not self._all_died_idle and time.monotonic() >= self._idle_respawn_at
+
     def _on_death(self, worker: _Worker) -> None:
         if not worker.ready:
             self._start_failures += 1
@@ -484,8 +493,10 @@ class VerifierPool:
         idle = worker.task is None
         self._retire(worker, "worker_crashed", "worker process died", kill=False)
         self.replacements += 1
-        if idle and worker.ready and not self._workers and not self._pending:
-            self._all_died_idle = True
+        if idle and worker.ready and not self._pending:
+            self._idle_respawn_at = time.monotonic() + _IDLE_DEATH_GRACE_S
+            if not self._workers:
+                self._all_died_idle = True
 
     def _handle_message(self, worker: _Worker) -> bool:
         """Read one message; False if the pipe is dead (the sentinel will follow)."""
@@ -576,8 +587,8 @@ class VerifierPool:
     def _loop(self) -> None:
         while True:
             closing = self._take_incoming()
-            # a closing pool starts workers only to drain; one whose workers all died idle, only for work
-            if not self._broken and (self._pending or (not closing and not self._all_died_idle)):
+            # a closing pool starts workers only to drain; an idle one after a grace (never if all died idle)
+            if not self._broken and (self._pending or (not closing and self._idle_wants_workers())):
                 self._spawn_missing()
             if self._broken:
                 self._fail_pending("worker_start_failed", self._broken)
@@ -587,9 +598,11 @@ class VerifierPool:
 
             now = time.monotonic()
             next_deadline = min((w.deadline for w in self._workers), default=float("inf"))
-            wants_workers = self._pending or not self._all_died_idle
-            if not self._broken and len(self._workers) < self.num_workers and wants_workers:
-                next_deadline = min(next_deadline, self._spawn_retry_at)
+            if not self._broken and len(self._workers) < self.num_workers:
+                if self._pending:
+                    next_deadline = min(next_deadline, self._spawn_retry_at)
+                elif not self._all_died_idle:
+                    next_deadline = min(next_deadline, max(self._spawn_retry_at, self._idle_respawn_at))
             wait_s = None if next_deadline == float("inf") else max(0.0, next_deadline - now)
             waitables: list[Any] = [self._wake_r]
             for w in self._workers:

@@ -106,7 +106,9 @@ def test_tool_tokens_do_not_move_the_drift():
     for row in rows:  # the trainer's log-probs of the tool's tokens can be anything
         row["old_log_probs"] = torch.where(row["response_mask"] == 1, row["old_log_probs"], -50.0)
     assert stream._fresh_drift(rows) == pytest.approx(before)
-    rows[0]["old_log_probs"][0] -= 1.0  # a model token does move it
+    # a model token does move it: 2 nats from its anchor is farther than any of the random
+    # log-probs in [-1, 0] were, so the drift grows whatever they drew
+    rows[0]["old_log_probs"][0] = rows[0]["rollout_log_probs"][0] - 2.0
     assert stream._fresh_drift(rows) > before
 
 
