@@ -88,7 +88,10 @@ def check_pushes_reach_the_engine(rows: list[AuditedRow], distances: torch.Tenso
     for r, row in enumerate(rows):
         v = int(matched[r])
         best = float(distances[r, v])
-        assert best < ENGINE_FLOOR, f"row of step {row.global_step}: no weight version within the floor ({best:.4f})"
+        assert best < ENGINE_FLOOR, (
+            f"row of step {row.global_step}: no weight version within the floor ({best:.4f}); "
+            f"distances {[round(float(d), 4) for d in distances[r]]}, vLLM's log-probs {row.rollout_log_probs.tolist()}"
+        )
         if v > 0:
             stale = float(distances[r, v - 1])
             assert stale > STALE_FACTOR * best, (
