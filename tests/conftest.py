@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -15,6 +16,8 @@ import pytest
 _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.append(_TESTS_DIR)
+
+from xdist_units import make_scheduler, write_end_to_end_ids  # noqa: E402 - needs the path above
 
 # A verl run on CPU keeps ~1.2 of 2 cores busy (its Ray processes start one after the other, each
 # importing torch and verl) and takes ~4 GiB: two test workers overlap the runs' idle halves.
@@ -33,10 +36,25 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(MAX_TEST_WORKERS, os.cpu_count() or 1, by_memory))
 
 
+# A verl run on the CPU stack (a dozen Ray processes importing torch 2.11, plus vLLM's server, engine
+# and worker) takes ~6-7 GiB, more at its peaks; two at once reached 22.4 of 24 GiB and Ray's memory
+# monitor killed workers. Below this much memory the end-to-end tests run one after the other.
+GIB_FOR_CONCURRENT_RUNS = 40
+
+
+_UNITS_FOLDER = pytest.StashKey[Path]()
+
+
+def _small_machine() -> bool:
+    import psutil
+
+    return psutil.virtual_memory().total / 2**30 < GIB_FOR_CONCURRENT_RUNS
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """End-to-end files first, longest first (their module's ``E2E_SECONDS``: what the file took on
-    2 cores), so that under ``--dist loadfile`` the long runs start at once and the short tests fill
-    the gaps; the order within a file is kept."""
+    2 cores), the order within a file kept. A worker on a small machine tells the controller which
+    tests are end-to-end: they become one unit of work (``xdist_units``)."""
 
     def order(item) -> tuple[int, float]:
         if item.get_closest_marker("e2e") is None:
@@ -44,23 +62,47 @@ def pytest_collection_modifyitems(config, items) -> None:
         return (0, -float(getattr(item.module, "E2E_SECONDS", 0)))
 
     items.sort(key=order)
+    units = getattr(config, "workerinput", {}).get("verl_replay_units")
+    if units and _small_machine():
+        write_end_to_end_ids(Path(units), [item.nodeid for item in items if item.get_closest_marker("e2e")])
 
 
-# A verl run on the CPU stack (a dozen Ray processes importing torch 2.11, plus vLLM's server, engine
-# and worker) takes ~6-7 GiB, more at its peaks; two at once reached 22.4 of 24 GiB and Ray's memory
-# monitor killed workers. Below this much memory the test workers take turns at end-to-end tests
-# (a lock in their common temp dir); the other tests still run side by side.
-GIB_FOR_CONCURRENT_RUNS = 40
+def _make_units_folder(config) -> None:
+    if _is_controller(config) and config.getoption("dist", "no") == "loadfile":
+        config.stash[_UNITS_FOLDER] = Path(tempfile.mkdtemp(prefix="verl-replay-xdist-"))
+
+
+def pytest_unconfigure(config) -> None:
+    folder = config.stash.get(_UNITS_FOLDER, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    folder = node.config.stash.get(_UNITS_FOLDER, None)
+    if folder is not None:
+        node.workerinput["verl_replay_units"] = str(folder)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (pytest.ini) with the end-to-end tests of a small machine as one unit."""
+    folder = config.stash.get(_UNITS_FOLDER, None)
+    return None if folder is None else make_scheduler(config, log, folder)
 
 
 @pytest.fixture(autouse=True)
 def _one_end_to_end_run_at_a_time(request, tmp_path_factory):
+    """The same rule under any other distribution (``--dist load`` given on the command line): the
+    test workers take turns at end-to-end tests, a lock in their common temp dir."""
     import fcntl
 
-    import psutil
-
-    small = psutil.virtual_memory().total / 2**30 < GIB_FOR_CONCURRENT_RUNS
-    if request.node.get_closest_marker("e2e") is None or not small or not os.environ.get("PYTEST_XDIST_WORKER"):
+    if (
+        request.node.get_closest_marker("e2e") is None
+        or not _small_machine()
+        or not os.environ.get("PYTEST_XDIST_WORKER")
+    ):
         yield
         return
     shared = tmp_path_factory.getbasetemp().parent  # the session's temp root, common to its workers
@@ -160,6 +202,7 @@ _CONFIG: dict = {}
 
 def pytest_configure(config) -> None:
     _CONFIG["config"] = config
+    _make_units_folder(config)
 
 
 @pytest.fixture(scope="session")
