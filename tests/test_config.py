@@ -36,6 +36,8 @@ def test_from_omegaconf_resolves_interpolations():
         ({"scan_skip_margin": float("inf")}, "replay.scan_skip_margin"),
         ({"scan_skip_margin": "2"}, "replay.scan_skip_margin"),
         ({"scan_skip_versions": 0}, "replay.scan_skip_versions"),
+        ({"scan_skip_growth": -0.5}, "replay.scan_skip_growth"),
+        ({"scan_skip_growth": float("nan")}, "replay.scan_skip_growth"),
         ({"scan_skip_versions": 1.5}, "replay.scan_skip_versions"),
         ({"scan_chunk_groups": 0}, "replay.scan_chunk_groups"),
         ({"max_scan_groups": 0}, "replay.max_scan_groups"),

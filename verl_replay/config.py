@@ -56,11 +56,13 @@ class ReplayConfig:
     scan_order: str = "headroom"
     # Beyond the paper: "none" forwards every candidate the scan reaches (the paper's scan);
     # "cooldown" skips a group whose last scan measured drift > scan_skip_margin x tau (in rms
-    # units) for scan_skip_versions weight versions (null: for good). Under "none" the same rule
-    # is a shadow: scan events and replay/scan_skip_shadow* say what it would have skipped.
+    # units) for scan_skip_versions weight versions (null: for good), or scan_skip_growth x the
+    # group's age if longer. Under "none" the same rule is a shadow: scan events and
+    # replay/scan_skip_shadow* say what it would have skipped.
     scan_skip: str = "none"
     scan_skip_margin: float = 4.0
     scan_skip_versions: Optional[int] = 16
+    scan_skip_growth: float = 0.0
     # GRPO groups per optimiser step of updates that carry replay (None: actor.ppo_mini_batch_size).
     ppo_mini_batch_size: Optional[int] = None
     event_log: Optional[str] = None
@@ -126,6 +128,12 @@ class ReplayConfig:
             raise ReplayConfigError(
                 f"replay.scan_skip_margin must be a finite number >= 1 (a group is skipped once its drift "
                 f"exceeds this many times tau, in rms units), got {margin!r}"
+            )
+        growth = self.scan_skip_growth
+        if not _is_number(growth) or not math.isfinite(growth) or growth < 0:
+            raise ReplayConfigError(
+                f"replay.scan_skip_growth must be a finite number >= 0 (a skip lasts at least this many "
+                f"times the group's age in weight versions; 0 = scan_skip_versions only), got {growth!r}"
             )
         if self.scan_skip_versions is not None:
             _positive_int(

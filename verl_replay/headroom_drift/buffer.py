@@ -987,6 +987,7 @@ class _FifoReplayStore:
             saved_cfg.setdefault("scan_skip", "none")
             saved_cfg.setdefault("scan_skip_margin", 4.0)
             saved_cfg.setdefault("scan_skip_versions", 16)
+            saved_cfg.setdefault("scan_skip_growth", 0.0)
         mine = self.config()
         diff = sorted(k for k in set(saved_cfg) | set(mine) if saved_cfg.get(k) != mine.get(k))
         if diff and strict:
@@ -1177,7 +1178,8 @@ class HeadroomDriftBuffer(_FifoReplayStore):
             weight versions, None = never again; :mod:`~verl_replay.headroom_drift.scan_skip`).
             Under "none" the same rule runs as a shadow: each scan records whether it would have
             been skipped (``ScanRecord.would_skip``), and nothing is decided by it.
-        scan_skip_margin, scan_skip_versions: the cooldown rule's parameters.
+        scan_skip_margin, scan_skip_versions, scan_skip_growth: the cooldown rule's parameters
+            (with growth g > 0 a skip lasts at least g x the group's age at the scan).
     """
 
     _KIND = "HeadroomDriftBuffer"
@@ -1197,6 +1199,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         scan_skip: str = "none",
         scan_skip_margin: float = 4.0,
         scan_skip_versions: int | None = 16,
+        scan_skip_growth: float = 0.0,
     ) -> None:
         super().__init__(capacity=capacity, k_rep=k_rep, ingress=ingress, weighting=weighting)
         self.scan_order = _check_choice("scan_order", scan_order, SCAN_ORDERS)
@@ -1211,7 +1214,11 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         self.max_scan_groups = None if max_scan_groups is None else _check_int("max_scan_groups", max_scan_groups, 1)
         versions = None if scan_skip_versions is None else _check_int("scan_skip_versions", scan_skip_versions, 1)
         self._rule = CooldownRule(
-            tau=self.tau, margin=float(scan_skip_margin), versions=versions, drift_norm=self.drift_norm
+            tau=self.tau,
+            margin=float(scan_skip_margin),
+            versions=versions,
+            drift_norm=self.drift_norm,
+            growth=float(scan_skip_growth),
         )
         # group_id -> (step, drift) of the rule's last scan of the group (the scans it would have
         # made): decides the skips under scan_skip="cooldown", the shadow flags under "none"
@@ -1235,6 +1242,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
             scan_skip=self.scan_skip,
             scan_skip_margin=self._rule.margin,
             scan_skip_versions=self._rule.versions,
+            scan_skip_growth=self._rule.growth,
         )
         return cfg
 
@@ -1337,7 +1345,9 @@ class HeadroomDriftBuffer(_FifoReplayStore):
             if not self._is_live(entry):
                 continue
             position[0] += 1
-            if live and self._rule.skips(self._skip_history.get(entry[3]), step):
+            if live and self._rule.skips(
+                self._skip_history.get(entry[3]), step, self._groups[entry[3]].generated_version
+            ):
                 skipped.append(entry)
             else:
                 out.append((entry, position[0]))
@@ -1437,7 +1447,7 @@ class HeadroomDriftBuffer(_FifoReplayStore):
                     sc = self._score(g, lp)
                     ok = sc.drift <= self.tau
                     # under "none" the rule's shadow; under a live rule false (skips never get here)
-                    would_skip = self._rule.skips(self._skip_history.get(g.group_id), step)
+                    would_skip = self._rule.skips(self._skip_history.get(g.group_id), step, g.generated_version)
                     if not would_skip:
                         history[g.group_id] = (step, sc.drift)
                     records.append(

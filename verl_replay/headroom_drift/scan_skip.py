@@ -7,6 +7,9 @@ grows with age (``python -m verl_replay.headroom_drift.shadow`` measures it on a
 Rule ``cooldown`` (margin ``m``, ``k`` weight versions): a group whose last scan measured a drift
 above ``m * tau`` is not scanned at the next ``k`` global steps (weight versions) after that scan
 (``k = None``: never again while it is buffered); it is scanned again ``k + 1`` versions later.
+With ``growth`` ``g > 0`` the skip lasts ``max(k, ceil(g * a))`` versions, ``a`` the group's age at
+that scan (weight versions since it was generated): an old group, whose acceptances are rare, is
+rescanned at ages growing geometrically, a young one as often as ``k`` allows.
 "Above m * tau" is read in root-mean-square units whatever the norm: under ``mean_sq`` (squared
 units) the bound is ``m**2 * tau``, so ``mean_sq`` with ``tau_sq = tau_rms**2`` skips exactly what
 ``l2`` with ``tau_rms`` skips.
@@ -39,8 +42,9 @@ class CooldownRule:
 
     tau: float  # the gate, in the drift norm's units
     margin: float  # >= 1, a ratio of root-mean-square drifts
-    versions: int | None  # weight versions a skip lasts; None = never rescanned
+    versions: int | None  # weight versions a skip lasts (at least); None = never rescanned
     drift_norm: str = "l2"  # "mean_sq" holds squared units: the margin is squared with it
+    growth: float = 0.0  # a skip lasts at least growth x the group's age at the scan
 
     def __post_init__(self) -> None:
         if not (isinstance(self.margin, (int, float)) and math.isfinite(self.margin) and self.margin >= 1.0):
@@ -49,6 +53,8 @@ class CooldownRule:
             isinstance(self.versions, bool) or not isinstance(self.versions, int) or self.versions < 1
         ):
             raise ValueError(f"versions must be a positive integer or None, got {self.versions!r}")
+        if not (isinstance(self.growth, (int, float)) and math.isfinite(self.growth) and self.growth >= 0.0):
+            raise ValueError(f"growth must be a finite number >= 0, got {self.growth!r}")
 
     @property
     def bound(self) -> float:
@@ -59,15 +65,25 @@ class CooldownRule:
     def far_above(self, drift: float) -> bool:
         return drift > self.bound  # NaN never; +inf always
 
-    def skips(self, history: History | None, step: int) -> bool:
-        """Would the rule skip a group at global ``step`` given its history (None: never scanned)?"""
+    def skips(self, history: History | None, step: int, generated_version: int = -1) -> bool:
+        """Would the rule skip a group at global ``step`` given its history (None: never scanned)?
+        ``generated_version``: the weight version that generated the group (-1: unknown, age 0)."""
         if history is None:
             return False
         last_step, last_drift = history
         if not self.far_above(last_drift):
             return False
-        return self.versions is None or step - last_step <= self.versions
+        return self.versions is None or step - last_step <= self.window(last_step, generated_version)
+
+    def window(self, last_step: int, generated_version: int = -1) -> int:
+        """Weight versions a skip started by a scan at global ``last_step`` lasts."""
+        assert self.versions is not None
+        if self.growth == 0.0 or generated_version < 0:
+            return self.versions
+        age = max(0, (last_step - 1) - generated_version)  # versions between generation and the scan
+        return max(self.versions, math.ceil(self.growth * age))
 
     def label(self) -> str:
         versions = "never" if self.versions is None else f"{self.versions}"
-        return f"cooldown m={self.margin:g} k={versions}"
+        growth = f" g={self.growth:g}" if self.growth else ""
+        return f"cooldown m={self.margin:g} k={versions}{growth}"

@@ -33,6 +33,7 @@ __all__ = ["ShadowCount", "shadow_count", "drift_by_age", "comebacks", "report",
 
 DEFAULT_MARGINS = (1.0, 1.25, 1.5, 2.0, 3.0)
 DEFAULT_VERSIONS: tuple[int | None, ...] = (2, 4, 8, 16, None)
+DEFAULT_GROWTHS: tuple[float, ...] = (0.0,)
 AGE_BINS = ((0, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 10**9))
 RATIO_BINS = ((1.0, 1.25), (1.25, 1.5), (1.5, 2.0), (2.0, 3.0), (3.0, math.inf))
 
@@ -67,7 +68,7 @@ def shadow_flags(scans: Iterable[Mapping[str, Any]], rule: CooldownRule) -> list
     out = []
     for scan in _ordered(scans):
         gid, step = int(scan["group_id"]), int(scan["step"])
-        skip = rule.skips(history.get(gid), step)
+        skip = rule.skips(history.get(gid), step, int(scan.get("generated_version", -1)))
         if not skip:
             history[gid] = (step, float(scan["drift"]))
         out.append((scan, skip))
@@ -157,6 +158,7 @@ def report(
     drift_norm: str = "l2",
     margins: Sequence[float] = DEFAULT_MARGINS,
     versions: Sequence[int | None] = DEFAULT_VERSIONS,
+    growths: Sequence[float] = DEFAULT_GROWTHS,
     live_rule: CooldownRule | None = None,
 ) -> dict[str, Any]:
     """Everything the CLI prints, as plain data."""
@@ -165,9 +167,10 @@ def report(
     forward_s = sum(float(s["stats"].get("scan_forward_seconds", 0.0)) for s in steps)
     scanned = sum(float(s["stats"].get("scanned", 0.0)) for s in steps)
     counts = [
-        shadow_count(scans, CooldownRule(tau=tau, margin=m, versions=k, drift_norm=drift_norm))
+        shadow_count(scans, CooldownRule(tau=tau, margin=m, versions=k, drift_norm=drift_norm, growth=g))
         for m in margins
         for k in versions
+        for g in (growths if k is not None else (0.0,))
     ]
     out: dict[str, Any] = {
         "tau": tau,
@@ -203,10 +206,10 @@ def _print(rep: Mapping[str, Any], file: Any = None) -> None:
         f"{rep['accepted'] / steps:.2f} accepted, scan forward {rep['scan_forward_seconds'] / steps:.2f} s; "
         f"{rep['scan_forward_seconds'] / accepted:.2f} s of scan forward per accepted group"
     )
-    p("\nrule                      scans saved (share)   accepted lost / accepted  kept  est. forward s saved")
+    p("\nrule                            scans saved (share)   accepted lost / accepted  kept  est. forward s saved")
     for r in rep["rules"]:
         p(
-            f"{r['rule']:<26}{r['skipped']:>7} ({r['saved_share']:6.1%})   {r['accepted_lost']:>6} / {r['accepted']:<6}"
+            f"{r['rule']:<32}{r['skipped']:>7} ({r['saved_share']:6.1%})   {r['accepted_lost']:>6} / {r['accepted']:<6}"
             f"      {r['kept_share']:6.1%}  {r['skipped'] * sec:8.1f}"
         )
     p("\nages    scans  accepted  rejected drift/tau p50  p90")
@@ -239,19 +242,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--versions", default="2,4,8,16,never", help="skip lengths in weight versions; never = for good"
     )
-    parser.add_argument("--live", default=None, help="MARGIN,VERSIONS of the run's rule: check its would_skip flags")
+    parser.add_argument(
+        "--growths", default="0", help="skip growths: a skip lasts at least growth x the group's age (0 = off)"
+    )
+    parser.add_argument(
+        "--live", default=None, help="MARGIN,VERSIONS[,GROWTH] of the run's rule: check its would_skip flags"
+    )
     parser.add_argument("--json", default=None, help="also write the report as JSON to this path")
     args = parser.parse_args(argv)
     live = None
     if args.live:
-        m, k = args.live.split(",")
-        live = CooldownRule(tau=args.tau, margin=float(m), versions=_versions(k)[0], drift_norm=args.drift_norm)
+        m, k, *g = args.live.split(",")
+        live = CooldownRule(
+            tau=args.tau,
+            margin=float(m),
+            versions=_versions(k)[0],
+            drift_norm=args.drift_norm,
+            growth=float(g[0]) if g else 0.0,
+        )
     rep = report(
         read_events(args.events),
         tau=args.tau,
         drift_norm=args.drift_norm,
         margins=[float(m) for m in args.margins.split(",")],
         versions=_versions(args.versions),
+        growths=[float(g) for g in args.growths.split(",")],
         live_rule=live,
     )
     _print(rep)

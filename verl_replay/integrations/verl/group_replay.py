@@ -152,6 +152,7 @@ def build_buffer(config: ReplayConfig) -> HeadroomDriftBuffer | NaiveReplayBuffe
         scan_skip=config.scan_skip,
         scan_skip_margin=config.scan_skip_margin,
         scan_skip_versions=config.scan_skip_versions,
+        scan_skip_growth=config.scan_skip_growth,
     )
 
 

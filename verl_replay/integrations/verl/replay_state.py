@@ -41,7 +41,7 @@ DECISION_SETTINGS = (
     "scan_skip",
 )
 # The rule's parameters decide only under a live rule (under scan_skip=none they shape a shadow).
-SCAN_SKIP_PARAMETERS = ("scan_skip_margin", "scan_skip_versions")
+SCAN_SKIP_PARAMETERS = ("scan_skip_margin", "scan_skip_versions", "scan_skip_growth")
 ELITE_DECISION_SETTINGS = ("batch_size", "seed")
 # Decision settings newer than some saved states, with the value those states were saved under.
 _SETTINGS_ADDED_LATER = {"scan_order": "headroom", "scan_skip": "none"}
@@ -65,6 +65,8 @@ def _saved_settings(manifest: Mapping[str, Any]) -> dict[str, Any]:
     if "strategy" in saved:  # a manifest with settings: those added since it was written had their defaults
         for key, default in _SETTINGS_ADDED_LATER.items():
             saved.setdefault(key, default)
+        if saved["scan_skip"] != "none":  # a live rule saved before growth existed had none
+            saved.setdefault("scan_skip_growth", 0.0)
     return saved
 
 
