@@ -212,3 +212,56 @@ def test_each_injected_bug_is_caught(packed_path_report):
         for variant in ("no_cpu_kernels", "attention_across_sequences"):
             leak = bugs[variant][case]
             assert not leak["packed"]["ok"] and "not close" in leak["packed"]["error"] and leak["padded"]["ok"]
+
+
+# ---------------------------------------------------------------- the colocated push's socket name
+
+VERL_SOCKET = "ipc:///tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock"  # the first job of any cluster
+
+
+def test_the_colocated_socket_is_named_after_the_cluster(monkeypatch):
+    monkeypatch.setenv("RAY_RAYLET_PID", "111")
+    ours = verl_fixes.socket_of_this_cluster(VERL_SOCKET)
+    assert ours == "ipc:///tmp/rl-colocate-zmq-raylet111-01000000-replica-0-rank-0.sock"
+    assert verl_fixes.socket_of_this_cluster(ours) == ours  # once only
+    assert verl_fixes.socket_of_this_cluster("tcp://127.0.0.1:5555") == "tcp://127.0.0.1:5555"
+    monkeypatch.setenv("RAY_RAYLET_PID", "222")  # another cluster on the same host
+    assert verl_fixes.socket_of_this_cluster(VERL_SOCKET) != ours
+    monkeypatch.delenv("RAY_RAYLET_PID")  # outside Ray: verl's name
+    assert verl_fixes.socket_of_this_cluster(VERL_SOCKET) == VERL_SOCKET
+
+
+class _VllmWorker:
+    """What the receiver's name reads from the vLLM worker: no parallel config, local rank 0."""
+
+    model_runner = None
+    local_rank = 0
+
+
+def test_the_receiver_end_is_renamed_and_verls_own_name_still_collides(monkeypatch):
+    from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
+
+    monkeypatch.setenv("VERL_RAY_JOB_ID", "01000000")
+    monkeypatch.setenv("VERL_REPLICA_RANK", "0")
+    verls_own = vLLMColocateWorkerExtension._get_zmq_handle.__wrapped__
+    names = {}
+    for raylet in ("111", "222"):
+        monkeypatch.setenv("RAY_RAYLET_PID", raylet)
+        names[raylet] = vLLMColocateWorkerExtension._get_zmq_handle(_VllmWorker())
+        # the canary: two clusters' first jobs get one socket from verl; once they do not, drop the fix
+        assert verls_own(_VllmWorker()) == VERL_SOCKET, "verl names the colocated socket differently now"
+    assert names == {
+        r: verl_fixes.socket_of_this_cluster(VERL_SOCKET).replace("raylet222", f"raylet{r}") for r in names
+    }
+
+
+def test_the_sender_end_is_renamed_the_same_way():
+    """The sender builds the receiver's name from its own Ray job id (canary: still that format), and
+    its constructor is wrapped to rename it as the receiver does."""
+    from verl.workers.rollout.vllm_rollout.vllm_rollout import ServerAdapter
+
+    assert getattr(ServerAdapter.__init__, "_verl_replay_socket_fix", False)
+    source = inspect.getsource(ServerAdapter.__init__.__wrapped__)
+    assert 'f"ipc:///tmp/rl-colocate-zmq-{job_id}-replica-{self.replica_rank}-rank-{local_rank}.sock"' in source, (
+        "verl names the sender's socket differently now: check verl_fixes.name_sender_socket_by_cluster"
+    )

@@ -21,23 +21,39 @@ the patch can be dropped.
   at the length cap, or any small mini-batch. The replacement reads the layout from the storage
   (against the rows' token counts in ``input_ids``) and rebuilds a leading-ragged tensor into the
   layout verl expects, so both paths see ``[B, 4, j]`` with values ``[4, sum L]``.
+- The colocated weight push (trainer worker -> vLLM worker, ZMQ over an IPC socket) names its
+  socket ``/tmp/rl-colocate-zmq-<Ray job id>-replica-<r>-rank-<k>.sock``. verl counts on the job
+  id to keep two jobs on one host apart, but every Ray cluster numbers its jobs from
+  ``01000000``: two runs on one host, each with its own cluster, bind the same path. The second
+  sender removes the first one's socket file and binds its own; the first run's vLLM worker then
+  waits on a socket nobody serves, and the run hangs in its first weight push, every process idle.
+  Both ends are named after the node's raylet as well (``RAY_RAYLET_PID``, which the trainer
+  worker and the vLLM worker it feeds share, and which two live clusters cannot).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.util
 import logging
+import os
 import sys
 from typing import Any, Callable
 
 SEPARATE_ASYNC_MODULE = "verl.trainer.ppo.v1.trainer_separate_async"
+# the two ends of the colocated weight push: the sender (trainer worker) and the receiver (vLLM worker)
+COLOCATED_SENDER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_rollout"
+COLOCATED_RECEIVER_MODULE = "verl.workers.rollout.vllm_rollout.utils"
+COLOCATED_SOCKET_PREFIX = "ipc:///tmp/rl-colocate-zmq-"
 # verl's modules that hold maybe_fix_3d_position_ids (imported by name, so each is rebound)
 POSITION_FIX_MODULES = ("verl.utils.tensordict_utils", "verl.workers.engine_workers", "verl.workers.engine.base")
 # (module, attribute) pairs of verl private names these fixes rebind.
 PRIVATE_API_PATCHES: tuple[tuple[str, str], ...] = (
     (SEPARATE_ASYNC_MODULE, "logger"),
     *((name, "maybe_fix_3d_position_ids") for name in POSITION_FIX_MODULES),
+    (COLOCATED_SENDER_MODULE, "ServerAdapter"),
+    (COLOCATED_RECEIVER_MODULE, "vLLMColocateWorkerExtension"),
 )
 
 
@@ -132,6 +148,44 @@ def use_layout_aware_position_fix(module: Any) -> None:
     module.maybe_fix_3d_position_ids = fix_3d_position_ids_by_layout
 
 
+def socket_of_this_cluster(handle: str) -> str:
+    """verl's colocated-push socket, also named after this node's raylet (when known)."""
+    raylet = os.environ.get("RAY_RAYLET_PID", "").strip()
+    if not raylet or not handle.startswith(COLOCATED_SOCKET_PREFIX) or f"-raylet{raylet}-" in handle:
+        return handle
+    return f"{COLOCATED_SOCKET_PREFIX}raylet{raylet}-{handle[len(COLOCATED_SOCKET_PREFIX) :]}"
+
+
+def name_sender_socket_by_cluster(module: Any) -> None:
+    adapter = module.ServerAdapter
+    if getattr(adapter.__init__, "_verl_replay_socket_fix", False):
+        return
+    init = adapter.__init__
+
+    @functools.wraps(init)
+    def init_then_rename(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if isinstance(getattr(self, "zmq_handle", None), str):
+            self.zmq_handle = socket_of_this_cluster(self.zmq_handle)
+
+    init_then_rename._verl_replay_socket_fix = True  # type: ignore[attr-defined]
+    adapter.__init__ = init_then_rename
+
+
+def name_receiver_socket_by_cluster(module: Any) -> None:
+    extension = module.vLLMColocateWorkerExtension
+    get_handle = extension._get_zmq_handle
+    if getattr(get_handle, "_verl_replay_socket_fix", False):
+        return
+
+    @functools.wraps(get_handle)
+    def renamed(self: Any) -> str:
+        return socket_of_this_cluster(get_handle(self))
+
+    renamed._verl_replay_socket_fix = True  # type: ignore[attr-defined]
+    extension._get_zmq_handle = renamed
+
+
 class _PostImportPatch(importlib.abc.MetaPathFinder):
     """Runs ``patch(module)`` right after ``name`` is executed, whoever imports it."""
 
@@ -171,5 +225,7 @@ def patch_when_imported(name: str, patch: Callable[[Any], None]) -> None:
 
 def install_verl_fixes() -> None:
     patch_when_imported(SEPARATE_ASYNC_MODULE, tolerate_flush_keyword)
+    patch_when_imported(COLOCATED_SENDER_MODULE, name_sender_socket_by_cluster)
+    patch_when_imported(COLOCATED_RECEIVER_MODULE, name_receiver_socket_by_cluster)
     for name in POSITION_FIX_MODULES:
         patch_when_imported(name, use_layout_aware_position_fix)
