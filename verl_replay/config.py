@@ -60,9 +60,9 @@ class ReplayConfig:
     # group's age if longer. Under "none" the same rule is a shadow: scan events and
     # replay/scan_skip_shadow* say what it would have skipped.
     scan_skip: str = "none"
-    scan_skip_margin: float = 4.0
-    scan_skip_versions: Optional[int] = 16
-    scan_skip_growth: float = 0.0
+    scan_skip_margin: float = 3.0
+    scan_skip_versions: Optional[int] = 4
+    scan_skip_growth: float = 2.0
     # GRPO groups per optimiser step of updates that carry replay (None: actor.ppo_mini_batch_size).
     ppo_mini_batch_size: Optional[int] = None
     event_log: Optional[str] = None

@@ -1197,9 +1197,9 @@ class HeadroomDriftBuffer(_FifoReplayStore):
         ingress: str = "answer_disagree",
         scan_order: str = "headroom",
         scan_skip: str = "none",
-        scan_skip_margin: float = 4.0,
-        scan_skip_versions: int | None = 16,
-        scan_skip_growth: float = 0.0,
+        scan_skip_margin: float = 3.0,
+        scan_skip_versions: int | None = 4,
+        scan_skip_growth: float = 2.0,
     ) -> None:
         super().__init__(capacity=capacity, k_rep=k_rep, ingress=ingress, weighting=weighting)
         self.scan_order = _check_choice("scan_order", scan_order, SCAN_ORDERS)

@@ -92,7 +92,7 @@ def test_a_manifest_written_before_scan_skip_existed_means_the_papers_scan(tmp_p
 def test_a_live_rule_keeps_its_parameters(tmp_path):
     live = {"strategy": "headroom_drift", "k_rep": 2, "tau": 0.05, "scan_skip": "cooldown"}
     folder = saved_state(tmp_path, ReplayConfig.from_mapping(live))
-    for key, value in (("scan_skip_margin", 3.0), ("scan_skip_versions", None), ("scan_skip_growth", 0.5)):
+    for key, value in (("scan_skip_margin", 5.0), ("scan_skip_versions", None), ("scan_skip_growth", 0.5)):
         changed = decision_settings(ReplayConfig.from_mapping({**live, key: value}))
         with pytest.raises(ReplayStateError, match=f"replay.{key} was"):
             check_state_manifest(folder, step=4, identity=IDENTITY, settings=changed)
@@ -104,12 +104,11 @@ def test_a_live_rule_saved_before_growth_existed_had_none(tmp_path):
     manifest = json.loads((folder / STATE_MANIFEST).read_text())
     del manifest["settings"]["scan_skip_growth"]
     (folder / STATE_MANIFEST).write_text(json.dumps(manifest))
-    assert check_state_manifest(
-        folder, step=4, identity=IDENTITY, settings=decision_settings(ReplayConfig.from_mapping(live))
-    )
-    grown = decision_settings(ReplayConfig.from_mapping({**live, "scan_skip_growth": 1.0}))
+    without_growth = decision_settings(ReplayConfig.from_mapping({**live, "scan_skip_growth": 0.0}))
+    assert check_state_manifest(folder, step=4, identity=IDENTITY, settings=without_growth)
+    default = decision_settings(ReplayConfig.from_mapping(live))  # growth 2.0
     with pytest.raises(ReplayStateError, match="replay.scan_skip_growth was 0.0"):
-        check_state_manifest(folder, step=4, identity=IDENTITY, settings=grown)
+        check_state_manifest(folder, step=4, identity=IDENTITY, settings=default)
 
 
 @pytest.mark.parametrize("key", sorted(IDENTITY))
