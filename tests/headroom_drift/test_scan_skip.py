@@ -330,8 +330,8 @@ def test_mean_sq_with_squared_tau_decides_like_l2(synth, scan_skip):
     assert skipped > 0  # the rule had something to decide
 
 
-@pytest.mark.parametrize("margin, versions", [(1.0, 1), (1.0, None), (2.0, 8)])
-def test_the_papers_scan_is_unchanged_bit_for_bit_whatever_the_shadow(synth, margin, versions):
+@pytest.mark.parametrize("margin, versions, growth", [(1.0, 1, 0.0), (1.0, None, 0.0), (2.0, 8, 0.0), (1.0, 1, 2.0)])
+def test_the_papers_scan_is_unchanged_bit_for_bit_whatever_the_shadow(synth, margin, versions, growth):
     """scan_skip=none: records, acceptances, scorer chunks and cached Headroom do not depend on the
     shadow rule's parameters (a rule that never skips: margin 1e9) -- the paper's scan."""
 
@@ -346,7 +346,7 @@ def test_the_papers_scan_is_unchanged_bit_for_bit_whatever_the_shadow(synth, mar
             buf.admit(synth.step_groups(7, step, 5), step)
         return buf, out
 
-    shadowed, a = run(scan_skip_margin=margin, scan_skip_versions=versions)
+    shadowed, a = run(scan_skip_margin=margin, scan_skip_versions=versions, scan_skip_growth=growth)
     plain, b = run(scan_skip_margin=1e9, scan_skip_versions=None)
     flags = 0
     for (ra, ca), (rb, cb) in zip(a, b, strict=True):
