@@ -156,34 +156,33 @@ def socket_of_this_cluster(handle: str) -> str:
     return f"{COLOCATED_SOCKET_PREFIX}raylet{raylet}-{handle[len(COLOCATED_SOCKET_PREFIX) :]}"
 
 
-def name_sender_socket_by_cluster(module: Any) -> None:
-    adapter = module.ServerAdapter
-    if getattr(adapter.__init__, "_verl_replay_socket_fix", False):
+def _wrap_once(owner: Any, name: str, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace ``owner.name`` with ``make_wrapper(original)``, once however often it is called."""
+    original = getattr(owner, name)
+    if getattr(original, "_verl_replay_socket_fix", False):
         return
-    init = adapter.__init__
+    wrapped = functools.wraps(original)(make_wrapper(original))
+    wrapped._verl_replay_socket_fix = True  # type: ignore[attr-defined]
+    setattr(owner, name, wrapped)
 
-    @functools.wraps(init)
-    def init_then_rename(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        if isinstance(getattr(self, "zmq_handle", None), str):
-            self.zmq_handle = socket_of_this_cluster(self.zmq_handle)
 
-    init_then_rename._verl_replay_socket_fix = True  # type: ignore[attr-defined]
-    adapter.__init__ = init_then_rename
+def name_sender_socket_by_cluster(module: Any) -> None:
+    def rename_after(init: Callable[..., None]) -> Callable[..., None]:
+        def init_then_rename(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            if isinstance(getattr(self, "zmq_handle", None), str):
+                self.zmq_handle = socket_of_this_cluster(self.zmq_handle)
+
+        return init_then_rename
+
+    _wrap_once(module.ServerAdapter, "__init__", rename_after)
 
 
 def name_receiver_socket_by_cluster(module: Any) -> None:
-    extension = module.vLLMColocateWorkerExtension
-    get_handle = extension._get_zmq_handle
-    if getattr(get_handle, "_verl_replay_socket_fix", False):
-        return
+    def rename_result(get_handle: Callable[[Any], str]) -> Callable[[Any], str]:
+        return lambda self: socket_of_this_cluster(get_handle(self))
 
-    @functools.wraps(get_handle)
-    def renamed(self: Any) -> str:
-        return socket_of_this_cluster(get_handle(self))
-
-    renamed._verl_replay_socket_fix = True  # type: ignore[attr-defined]
-    extension._get_zmq_handle = renamed
+    _wrap_once(module.vLLMColocateWorkerExtension, "_get_zmq_handle", rename_result)
 
 
 class _PostImportPatch(importlib.abc.MetaPathFinder):
