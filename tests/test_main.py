@@ -213,6 +213,28 @@ def test_an_unknown_tiny_task_lists_the_valid_ones(tmp_path):
     ]
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("exact_eval=maybe", "verl_replay: exact_eval=maybe is not one of auto, true, false"),
+        (
+            "actor_rollout_ref.rollout.val_kwargs.top_p=0.9",
+            "verl_replay: exact_eval=true needs validation that samples at its temperature, but "
+            "actor_rollout_ref.rollout.val_kwargs.top_p=0.9 (nucleus sampling): set exact_eval=auto "
+            "(off in this case) or sample plainly",
+        ),
+    ],
+)
+def test_the_exact_metric_setting_is_checked_before_ray(tmp_path, override, message):
+    extra = (
+        ()
+        if override.startswith("exact_eval")
+        else ("exact_eval=true", "actor_rollout_ref.rollout.val_kwargs.do_sample=true")
+    )
+    result, _ = run_cli(tmp_path, override, *extra)
+    assert result.returncode == 2 and result.stderr.splitlines() == [message]
+
+
 # A stand-in for verl's loop: prints and warns like verl and its workers, writes metrics the way
 # verl's file logger does, prints at interpreter exit like Ray's shutdown; or fails.
 FAKE_VERL = textwrap.dedent(r"""

@@ -458,6 +458,24 @@ def check_replay_settings(config: DictConfig, replay_config: ReplayConfig) -> No
         raise StartupError(str(error)) from None
 
 
+def check_exact_eval(config: DictConfig) -> None:
+    """``exact_eval`` is auto / true / false; true needs plain sampled validation and at least one
+    validation row scored by exact match."""
+    from verl_replay.eval.sampling import EXACT_EVAL_MODES, sampling_is_plain
+
+    mode = str(config.get("exact_eval", "auto")).lower()
+    if mode not in EXACT_EVAL_MODES:
+        raise StartupError(f"exact_eval={config.get('exact_eval')} is not one of {', '.join(EXACT_EVAL_MODES)}")
+    if mode != "true":
+        return
+    why = sampling_is_plain(config.actor_rollout_ref.rollout.val_kwargs)
+    if why is not None:
+        raise StartupError(
+            f"exact_eval=true needs validation that samples at its temperature, but {why}: "
+            "set exact_eval=auto (off in this case) or sample plainly"
+        )
+
+
 def check_tiny_task(config: DictConfig) -> None:
     """``tiny_task`` (platform=cpu_tiny) names one of the tiny tasks; the config picks its files by it."""
     task = config.get("tiny_task")
@@ -486,6 +504,7 @@ def startup_checks(config: DictConfig, now: datetime) -> tuple[ReplayConfig, Dic
     except OmegaConfBaseException as error:
         raise StartupError(f"the config does not resolve: {_first_line(error)}") from None
     check_required(probe)
+    check_exact_eval(probe)
     check_replay_settings(probe, replay_config)
     if probe.get("dry_run", False):  # composes and validates only: paths may name another machine
         check_verl_config(probe)

@@ -36,7 +36,16 @@ pytestmark = pytest.mark.e2e
 REQUIRED_METRICS = ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "timing_s/step")
 ROW_PROBE = Path(__file__).with_name("fresh_row_probe.py")
 
-OURS_ONLY = ("replay", "dry_run", "run_dir", "tiny_task", "tiny_response_length", "verbose", "output_root")
+OURS_ONLY = (
+    "replay",
+    "dry_run",
+    "run_dir",
+    "tiny_task",
+    "tiny_response_length",
+    "verbose",
+    "output_root",
+    "exact_eval",
+)
 # rollout- and update-determined metrics (timings and throughput depend on the machine's load)
 COMPARED = (
     "critic/score/mean",
