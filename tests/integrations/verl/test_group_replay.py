@@ -9,7 +9,29 @@ import pytest
 import torch
 
 from verl_replay.config import ReplayConfig
-from verl_replay.integrations.verl.group_replay import GroupReplayStream, generating_versions
+from verl_replay.integrations.verl.group_replay import GroupReplayStream, generating_versions, worker_cpu_seconds
+from verl_replay.integrations.verl.rows import WORKER_CPU_SECONDS
+
+
+class _Output:
+    def __init__(self, extra_info):
+        self.extra_info = extra_info
+
+
+@pytest.mark.parametrize(
+    "extra_info, seconds",
+    [
+        ({"metrics": {WORKER_CPU_SECONDS: 1.5}}, 1.5),
+        # one dict per data-parallel rank (what verl's collect gives): the slowest rank
+        ({"metrics": [{WORKER_CPU_SECONDS: 1.5, "mfu": 0.1}, {WORKER_CPU_SECONDS: 2.5}]}, 2.5),
+        ({"metrics": {WORKER_CPU_SECONDS: [0.5, 0.75]}}, 0.75),
+        ({"metrics": [{"mfu": 0.1}]}, None),
+        ({}, None),
+        (None, None),
+    ],
+)
+def test_worker_cpu_seconds_are_read_from_every_output_shape(extra_info, seconds):
+    assert worker_cpu_seconds(_Output(extra_info)) == seconds
 
 
 def test_a_groups_generating_version_is_its_oldest_rows():

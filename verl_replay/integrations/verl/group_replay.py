@@ -61,6 +61,7 @@ from verl_replay.integrations.verl.rows import (
     REPLAY_GROUP_FIELD,
     REPLAY_SOURCE_FIELD,
     SOURCE_GROUP_REPLAY,
+    WORKER_CPU_SECONDS,
     GroupNotReplayable,
     correctness_bit,
     group_keys_by_uid,
@@ -170,6 +171,9 @@ class PolicyScorer:
         self.temperature = temperature
         self._calls = 0
         self.forward_rows = 0  # rows through the scan forward, padding included
+        # CPU seconds the actor workers spent in the calls (the slowest rank's per call); None
+        # when a worker did not report them
+        self.worker_cpu_seconds: Optional[float] = 0.0
         self.media: Optional[MultimodalRebuilder] = None  # set by the stream (image groups)
 
     def __call__(self, groups: list[ReplayGroup]) -> list[torch.Tensor]:
@@ -192,7 +196,7 @@ class PolicyScorer:
                 partition_id=SCAN_PARTITION,
                 extra_info={"temperature": self.temperature, "calculate_entropy": False, "compute_loss": False},
             )
-            self.compute_log_prob(meta)
+            self._add_worker_cpu(self.compute_log_prob(meta))
             data = tq.kv_batch_get(
                 keys=keys[:real], partition_id=SCAN_PARTITION, select_fields=["log_probs", "response_mask"]
             )
@@ -203,6 +207,28 @@ class PolicyScorer:
         for owner, log_probs in zip(owners, per_row, strict=True):
             outputs[owner].append(log_probs.float())
         return [torch.cat(parts) for parts in outputs]
+
+    @property
+    def calls(self) -> int:
+        return self._calls
+
+    def _add_worker_cpu(self, output: Any) -> None:
+        seconds = worker_cpu_seconds(output)
+        if seconds is None or self.worker_cpu_seconds is None:
+            self.worker_cpu_seconds = None
+        else:
+            self.worker_cpu_seconds += seconds
+
+
+def worker_cpu_seconds(output: Any) -> Optional[float]:
+    """The CPU seconds the slowest actor rank reported for a forward-only call (the output's
+    ``extra_info["metrics"]``: one dict, or one per rank), None when none was reported."""
+    metrics = (getattr(output, "extra_info", None) or {}).get("metrics")
+    values: list[float] = []
+    for rank in metrics if isinstance(metrics, (list, tuple)) else [metrics]:
+        value = rank.get(WORKER_CPU_SECONDS) if isinstance(rank, dict) else None
+        values.extend(float(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v is not None)
+    return max(values) if values else None
 
 
 @dataclass
@@ -307,7 +333,11 @@ class GroupReplayStream(ReplayStream):
             inject_seconds=0.0,
             replay_rows=0.0,
             scan_forward_rows=float(getattr(scorer, "forward_rows", 0)),
+            scan_forward_calls=float(getattr(scorer, "calls", 0)),
         )
+        worker_cpu = getattr(scorer, "worker_cpu_seconds", None)
+        if worker_cpu is not None:
+            self._stats["scan_forward_cpu_seconds"] = float(worker_cpu)
 
     def _log_selection(self, result: SelectionResult) -> None:
         if self.event_log is None:

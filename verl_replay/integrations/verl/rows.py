@@ -182,6 +182,10 @@ def rebuild_tokens(
 
 # Group metadata key: the leading shape of the rows' position ids ((4,) for M-RoPE), when not 1-D.
 POSITION_ROWS_META = "__position_rows__"
+# Output metric of the actor worker's forward-only calls: the CPU seconds its process spent in the
+# call. On the CPU test bed the rollout shares the cores, so a call's wall time also holds the
+# rollout's work; on separate GPUs the two agree.
+WORKER_CPU_SECONDS = "replay/worker_cpu_seconds"
 # Group metadata key: the reference model's log-probs of the responses (flat [L]), with a KL loss.
 REF_LOG_PROBS_META = "ref_log_probs"
 

@@ -47,6 +47,7 @@ from verl.utils.debug.metrics import calculate_debug_metrics
 from verl_replay.config import ReplayConfig
 from verl_replay.integrations.verl.actor_loss import AUDIT_ROUND_FIELD, AUDIT_STEP_FIELD, ReplayActorLoss
 from verl_replay.integrations.verl.console import DriftFloorWatch
+from verl_replay.integrations.verl.exact_eval import ExactAnswerEval, exact_questions, sampling_is_plain, stop_token_ids
 from verl_replay.integrations.verl.group_replay import GroupReplayStream, PolicyScorer
 from verl_replay.integrations.verl.replay_state import STATE_DIR
 from verl_replay.integrations.verl.rows import (
@@ -138,6 +139,7 @@ class ReplayTrainerMixin:
         self._held_save_seconds = 0.0  # how long the last held save took (reported with the next step)
         self._round_mark: Optional[tuple[float, int, dict[int, int]]] = None  # the totals when the round began
         self._floor_watch = DriftFloorWatch(self.replay_config.tau) if self.replay_config.uses_headroom_drift else None
+        self._exact_eval: Optional[ExactAnswerEval] = None  # built with the tokenizer
 
     @property
     def _replay_active(self) -> bool:
@@ -167,13 +169,57 @@ class ReplayTrainerMixin:
                 chat_template_kwargs=self.config.data.get("apply_chat_template_kwargs", None),
                 has_rollout_log_probs=bool(self.config.actor_rollout_ref.rollout.calculate_log_probs),
             )
+        self._exact_eval = self._build_exact_eval()
+
+    def _build_exact_eval(self) -> Optional[ExactAnswerEval]:
+        """The exact held-out metric's questions (``exact_eval``: auto / true / false)."""
+        mode = str(self.config.get("exact_eval", "auto")).lower()
+        if mode == "false":
+            return None
+        config = self.config
+        unplain = sampling_is_plain(config.actor_rollout_ref.rollout.val_kwargs)
+        files = config.data.val_files
+        questions = []
+        if unplain is None:
+            questions = exact_questions(
+                [files] if isinstance(files, str) else list(files),
+                self.tokenizer,
+                stop_ids=stop_token_ids(str(config.actor_rollout_ref.model.path), self.tokenizer),
+                chat_template_kwargs=config.data.get("apply_chat_template_kwargs", None),
+                prompt_key=str(config.data.get("prompt_key", "prompt")),
+                max_prompt_length=int(config.data.max_prompt_length),
+            )
+        if not questions:
+            why = unplain or "the validation set has no exact-answer question"
+            if mode == "true":
+                raise ValueError(f"exact_eval=true needs plain sampled validation of exact-answer questions: {why}")
+            return None
+        # M-RoPE models (a processor with get_rope_index) take (4, L) position ids, as verl's agent loop builds
+        processor = getattr(self, "processor", None)
+        position_rows = (4,) if getattr(processor, "get_rope_index", None) is not None else ()
+        return ExactAnswerEval(questions, position_rows)
+
+    def _validate(self) -> dict[str, float]:
+        metrics = super()._validate()
+        if self._exact_eval is not None:
+            start = time.perf_counter()
+            scorer = PolicyScorer(
+                compute_log_prob=self.actor_rollout_wg.compute_log_prob,
+                row_multiple=self._micro_batch_rows(self._actor_dp_size(), training=False),
+                temperature=float(self.config.actor_rollout_ref.rollout.val_kwargs.temperature),
+            )
+            metrics.update(self._exact_eval.metrics(scorer))
+            metrics["timing_s/exact_eval"] = time.perf_counter() - start
+        return metrics
 
     def _init_resource_pool_mgr(self) -> None:
         super()._init_resource_pool_mgr()
-        if not (self.replay_config.uses_elite or self.replay_config.audit_dir):
+        config = self.replay_config
+        if not (config.uses_elite or config.audit_dir or config.uses_group_buffer):
             return
-        # The actor must count each mini-batch's elite rows (the NLL term's denominator) and
-        # number its optimiser steps (the audit records them).
+        # The actor must count each mini-batch's elite rows (the NLL term's denominator), number
+        # its optimiser steps (the audit records them) and report the CPU seconds of its forward
+        # passes (the group buffer's scan cost).
         import ray
         from verl.trainer.ppo.utils import Role
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -31,10 +32,19 @@ from verl_replay.integrations.verl.actor_loss import (
     ELITE_ROWS_FIELD,
     OPTIMIZER_STEP_FIELD,
 )
-from verl_replay.integrations.verl.rows import REPLAY_SOURCE_FIELD, SOURCE_ELITE
+from verl_replay.integrations.verl.rows import REPLAY_SOURCE_FIELD, SOURCE_ELITE, WORKER_CPU_SECONDS
 
 
 class ReplayTrainingWorker(TrainingWorker):
+    def infer_batch(self, data):
+        cpu = time.process_time()
+        output = super().infer_batch(data)
+        if output is not None:
+            metrics = dict(tu.get(output, key="metrics", default=None) or {})
+            metrics[WORKER_CPU_SECONDS] = time.process_time() - cpu
+            tu.assign_non_tensor(output, metrics=metrics)
+        return output
+
     def train_batch(self, data):
         # Which optimiser step of this worker the mini-batch feeds (the actor loss's audit records it).
         self._optimizer_steps = getattr(self, "_optimizer_steps", 0)
