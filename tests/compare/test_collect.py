@@ -88,6 +88,24 @@ def test_collect_run_hand_computed(tmp_path):
     assert [p["step"] for p in r["val_curve"]] == [0, 2]
     assert r["final_mean"] == 0.3 and r["final_best"] == 0.5 and r["val_n"] == 2
     assert r["eval"] is None and r["elite_token_share"] is None
+    # the mean over post-training evaluations leaves out step 0; no exact metric in this run
+    assert r["post_mean"] == 0.3 and r["auc_mean"] == pytest.approx(0.2)
+    assert r["final_exact"] is None and r["post_exact"] is None and "exact" not in r["val_curve"][0]
+
+
+def test_the_exact_metric_is_read_per_evaluation_and_macro_averaged(tmp_path):
+    def exact(a, b):
+        return {"val-exact/tiny_arith/acc/expected": a, "val-exact/other/acc/expected": b}
+
+    lines = [
+        (0, {**_val(0.1, 0.2), **exact(0.1, 0.3)}),
+        (1, {"timing_s/step": 1.0, **_val(0.3, 0.5), **exact(0.25, 0.35)}),
+        (2, {"timing_s/step": 1.0, **_val(0.4, 0.6), **exact(0.45, 0.55)}),
+    ]
+    r = collect_run(_write_run(tmp_path, lines), expected_steps=2)
+    assert [p["exact"] for p in r["val_curve"]] == pytest.approx([0.2, 0.3, 0.5])
+    assert r["final_exact"] == pytest.approx(0.5) and r["post_exact"] == pytest.approx(0.4)
+    assert r["post_mean"] == pytest.approx(0.35)
 
 
 def test_naive_replay_has_no_replay_kl(tmp_path):

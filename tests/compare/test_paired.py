@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from verl_replay.compare.paired import curve_auc, paired_difference, t_quantile_975, value_at_fresh_responses
+from verl_replay.compare.paired import (
+    curve_auc,
+    minimum_detectable_effect,
+    paired_difference,
+    seeds_for_effect,
+    t_quantile,
+    t_quantile_975,
+    value_at_fresh_responses,
+)
 from verl_replay.compare.report import aggregate, format_table
 
 
@@ -32,6 +40,39 @@ def test_t_quantile_refuses_no_degrees_of_freedom():
         t_quantile_975(0)
 
 
+@pytest.mark.parametrize("df, table", [(1, 1.376), (2, 1.061), (5, 0.920), (10, 0.879), (30, 0.854)])
+def test_t_quantile_at_80_percent(df, table):
+    q = t_quantile(0.8, df)
+    assert q == pytest.approx(table, abs=1e-3)
+    assert _t_cdf_above_zero(q, df) == pytest.approx(0.3, abs=1e-5)
+    assert t_quantile(0.975, df) == pytest.approx(t_quantile_975(df), abs=1e-3)
+
+
+def test_minimum_detectable_effect_hand_computed():
+    # (t[.975, 2] + t[.8, 2]) * 3 / sqrt(3) = (4.3027 + 1.0607) * 1.7321 = 9.2897
+    assert minimum_detectable_effect(3.0, 3) == pytest.approx(9.2897, abs=1e-3)
+    # 9 seeds: (2.3060 + 0.8889) * 3 / 3 = 3.195 > 3; 10 seeds: (2.2622 + 0.8834) * 3 / 3.1623 = 2.984
+    assert seeds_for_effect(3.0, 3.0) == 10
+    assert minimum_detectable_effect(3.0, 1) is None
+    assert seeds_for_effect(3.0, 0.01, max_seeds=20) is None
+    with pytest.raises(ValueError, match="effect must be > 0"):
+        seeds_for_effect(3.0, 0.0)
+
+
+def test_a_true_effect_of_the_minimum_detectable_size_is_found_four_times_in_five():
+    """Simulated paired designs (normal per-seed differences, sd 1, 10 seeds) with the true mean at
+    the computed MDE: the two-sided t-test rejects in ~80% of them."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n, reps = 10, 20000
+    mde = minimum_detectable_effect(1.0, n)
+    diffs = rng.normal(mde, 1.0, size=(reps, n))
+    t = diffs.mean(axis=1) / (diffs.std(axis=1, ddof=1) / math.sqrt(n))
+    power = float((np.abs(t) > t_quantile_975(n - 1)).mean())
+    assert 0.77 < power < 0.83, power
+
+
 def test_paired_difference_hand_computed():
     """Differences 0.05, 0.10, 0.02: mean 0.17/3; sample variance 0.0016333 (deviations -0.00667,
     0.04333, -0.03667), se = sqrt(0.0016333 / 3) = 0.023333; t(2) = 4.303 -> half width 0.100403."""
@@ -43,6 +84,8 @@ def test_paired_difference_hand_computed():
     assert diff["se"] == pytest.approx(0.023333, abs=1e-6)
     assert diff["low"] == pytest.approx(0.17 / 3 - 0.100403, abs=1e-5)
     assert diff["high"] == pytest.approx(0.17 / 3 + 0.100403, abs=1e-5)
+    assert diff["sd"] == pytest.approx(math.sqrt(0.0016333), abs=1e-6)
+    assert diff["mde"] == pytest.approx(minimum_detectable_effect(diff["sd"], 3))
 
 
 def test_paired_difference_with_one_seed_has_no_interval():

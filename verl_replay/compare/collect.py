@@ -18,12 +18,14 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from verl_replay.compare.paired import curve_auc
+from verl_replay.compare.paired import curve_auc, post_training_mean
 
 __all__ = ["RunResultError", "read_metrics", "read_run_metrics", "val_curve", "collect_run", "time_split"]
 
 _MEAN = re.compile(r"^val-core/(?P<src>.+)/(?:acc|reward)/mean@(?P<n>\d+)$")
 _BEST = re.compile(r"^val-core/(?P<src>.+)/(?:acc|reward)/best@(?P<n>\d+)/mean$")
+# the exact expected accuracy (verl_replay.integrations.verl.exact_eval): no sample count, n = 0
+_EXACT = re.compile(r"^val-exact/(?P<src>.+)/acc/expected$")
 
 
 class RunResultError(ValueError):
@@ -80,7 +82,7 @@ def _macro(data: dict[str, Any], pattern: re.Pattern[str]) -> Optional[tuple[flo
         match = pattern.match(key)
         if match and isinstance(value, (int, float)) and math.isfinite(value):
             values.append(float(value))
-            ns.add(int(match["n"]))
+            ns.add(int(match.groupdict().get("n") or 0))
     if not values:
         return None
     if len(ns) != 1:
@@ -89,7 +91,8 @@ def _macro(data: dict[str, Any], pattern: re.Pattern[str]) -> Optional[tuple[flo
 
 
 def val_curve(metrics: list[tuple[int, dict[str, Any]]]) -> list[dict[str, float]]:
-    """``[{"step", "mean", "best", "n"}]`` for every step that ran verl's validation."""
+    """``[{"step", "mean", "best", "n"}]`` for every step that ran verl's validation, with
+    ``"exact"`` (the exact expected accuracy) where the run computed it."""
     curve = []
     for step, data in metrics:
         mean, best = _macro(data, _MEAN), _macro(data, _BEST)
@@ -97,6 +100,9 @@ def val_curve(metrics: list[tuple[int, dict[str, Any]]]) -> list[dict[str, float
             continue
         point = {"step": step, "mean": mean[0], "n": mean[1]}
         point["best"] = best[0] if best is not None else mean[0]  # n = 1: best@1 == mean@1
+        exact = _macro(data, _EXACT)
+        if exact is not None:
+            point["exact"] = exact[0]
         curve.append(point)
     return curve
 
@@ -222,6 +228,10 @@ def collect_run(run_dir: Path, expected_steps: Optional[int] = None) -> dict[str
         "final_mean": curve[-1]["mean"],
         "final_best": curve[-1]["best"],
         "auc_mean": curve_auc(curve, "mean"),
+        "post_mean": post_training_mean(curve, "mean"),
+        # the exact expected accuracy, where the run computed it (None otherwise)
+        "final_exact": curve[-1].get("exact"),
+        "post_exact": post_training_mean(curve, "exact"),
         "val_n": curve[-1]["n"],
         # over the steps that scanned / replayed anything (the first step has an empty buffer)
         "replay_acceptance": _avg(_series(metrics, "replay/acceptance_rate", where="replay/scanned")),

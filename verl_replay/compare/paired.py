@@ -11,7 +11,20 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["t_quantile_975", "paired_difference", "curve_auc", "value_at_fresh_responses"]
+__all__ = [
+    "t_quantile_975",
+    "t_quantile",
+    "minimum_detectable_effect",
+    "seeds_for_effect",
+    "paired_difference",
+    "curve_auc",
+    "post_training_mean",
+    "value_at_fresh_responses",
+]
+
+# The design the comparisons are sized for: a two-sided paired t-test at 5% with 80% power.
+ALPHA = 0.05
+POWER = 0.80
 
 # Two-sided 95% quantiles of Student's t, df = 1..30 (the 0.975 quantile).
 _T_975 = (
@@ -60,9 +73,64 @@ def t_quantile_975(df: int) -> float:
     return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
+def _t_cdf(x: float, df: int) -> float:
+    """Student's t CDF by Simpson's rule on the density over [0, |x|] (2,000 panels: error far
+    below the 1e-6 the quantiles need)."""
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def density(t: float) -> float:
+        return math.exp(log_norm - (df + 1) / 2 * math.log1p(t * t / df))
+
+    a, panels = abs(x), 2000
+    h = a / panels
+    area = density(0.0) + density(a)
+    area += sum((4 if i % 2 else 2) * density(i * h) for i in range(1, panels))
+    half = area * h / 3
+    return 0.5 + half if x >= 0 else 0.5 - half
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on the CDF)."""
+    if not 0.5 <= p < 1:
+        raise ValueError(f"p must be in [0.5, 1), got {p}")
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    low, high = 0.0, 1.0
+    while _t_cdf(high, df) < p:
+        low, high = high, high * 2
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _t_cdf(mid, df) < p else (low, mid)
+    return (low + high) / 2
+
+
+def minimum_detectable_effect(sd: float, n: int, *, alpha: float = ALPHA, power: float = POWER) -> Optional[float]:
+    """The smallest true mean difference a paired t-test over ``n`` seeds detects with probability
+    ``power`` at two-sided level ``alpha``, given the SD of the per-seed differences:
+    ``(t[1 - alpha/2, n-1] + t[power, n-1]) * sd / sqrt(n)``. None below two seeds."""
+    if n < 2 or not math.isfinite(sd) or sd < 0:
+        return None
+    return (t_quantile(1 - alpha / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
+
+
+def seeds_for_effect(
+    sd: float, effect: float, *, alpha: float = ALPHA, power: float = POWER, max_seeds: int = 200
+) -> Optional[int]:
+    """The fewest seeds whose minimum detectable effect is at most ``effect`` (None: more than
+    ``max_seeds``)."""
+    if not effect > 0:
+        raise ValueError(f"effect must be > 0, got {effect}")
+    for n in range(2, max_seeds + 1):
+        mde = minimum_detectable_effect(sd, n, alpha=alpha, power=power)
+        if mde is not None and mde <= effect:
+            return n
+    return None
+
+
 def paired_difference(arm: Mapping[int, Optional[float]], reference: Mapping[int, Optional[float]]) -> dict[str, Any]:
-    """``arm - reference`` over the seeds both have a finite value for: mean, standard error,
-    95% interval (``None`` bounds with fewer than two seeds) and the seeds used."""
+    """``arm - reference`` over the seeds both have a finite value for: mean, SD of the per-seed
+    differences, standard error, 95% interval, the minimum detectable effect of this many seeds
+    (``None`` with fewer than two seeds) and the seeds used."""
     seeds = sorted(
         s
         for s in arm
@@ -73,7 +141,16 @@ def paired_difference(arm: Mapping[int, Optional[float]], reference: Mapping[int
         and math.isfinite(float(reference[s]))
     )
     diffs = [float(arm[s]) - float(reference[s]) for s in seeds]  # type: ignore[arg-type]
-    out: dict[str, Any] = {"seeds": seeds, "n": len(diffs), "mean": None, "se": None, "low": None, "high": None}
+    out: dict[str, Any] = {
+        "seeds": seeds,
+        "n": len(diffs),
+        "mean": None,
+        "sd": None,
+        "se": None,
+        "low": None,
+        "high": None,
+        "mde": None,
+    }
     if not diffs:
         return out
     mean = sum(diffs) / len(diffs)
@@ -83,7 +160,7 @@ def paired_difference(arm: Mapping[int, Optional[float]], reference: Mapping[int
     sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
     se = sd / math.sqrt(len(diffs))
     half = t_quantile_975(len(diffs) - 1) * se
-    out.update(se=se, low=mean - half, high=mean + half)
+    out.update(sd=sd, se=se, low=mean - half, high=mean + half, mde=minimum_detectable_effect(sd, len(diffs)))
     return out
 
 
@@ -91,6 +168,13 @@ def curve_auc(curve: Sequence[Mapping[str, float]], field: str = "mean") -> Opti
     """The mean of ``field`` over all evaluations of a run (the one before training included):
     the area under the learning curve per evaluation, less noisy than the final value alone."""
     values = [float(p[field]) for p in curve if p.get(field) is not None]
+    return sum(values) / len(values) if values else None
+
+
+def post_training_mean(curve: Sequence[Mapping[str, float]], field: str = "mean") -> Optional[float]:
+    """The mean of ``field`` over the evaluations after training began (step > 0): the evaluation
+    before training is the same draw in every arm of a seed, so it only dilutes a paired difference."""
+    values = [float(p[field]) for p in curve if int(p["step"]) > 0 and p.get(field) is not None]
     return sum(values) / len(values) if values else None
 
 
