@@ -82,8 +82,9 @@ def test_collect_run_hand_computed(tmp_path):
     r = collect_run(_write_run(tmp_path, lines), expected_steps=3)
     assert r["steps"] == 3 and r["fresh_responses"] == 3 * 4 * 4
     assert r["step_time_s"] == pytest.approx(4.0) and r["step_time_s_after_first"] == pytest.approx(5.0)
-    # step 1 scanned nothing: left out of acceptance and token share
-    assert r["replay_acceptance"] == pytest.approx(0.75) and r["replay_token_share"] == pytest.approx(0.2)
+    # step 1 scanned nothing: left out of the token share; acceptance is accepted over scanned
+    # groups of the run, (2 + 2) / (4 + 2), not the mean of the per-step rates (0.75)
+    assert r["replay_acceptance"] == pytest.approx(4 / 6) and r["replay_token_share"] == pytest.approx(0.2)
     assert r["replay_kl_accepted"] == pytest.approx(0.003)
     assert [p["step"] for p in r["val_curve"]] == [0, 2]
     assert r["final_mean"] == 0.3 and r["final_best"] == 0.5 and r["val_n"] == 2

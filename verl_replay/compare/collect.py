@@ -112,6 +112,10 @@ def _avg(values: list[float]) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
+def _ratio(numerator: float, denominator: float) -> Optional[float]:
+    return numerator / denominator if denominator > 0 else None
+
+
 def _series(metrics: list[tuple[int, dict[str, Any]]], key: str, *, where: Optional[str] = None) -> list[float]:
     out = []
     for step, data in metrics:
@@ -234,7 +238,12 @@ def collect_run(run_dir: Path, expected_steps: Optional[int] = None) -> dict[str
         "post_exact": post_training_mean(curve, "exact"),
         "val_n": curve[-1]["n"],
         # over the steps that scanned / replayed anything (the first step has an empty buffer)
-        "replay_acceptance": _avg(_series(metrics, "replay/acceptance_rate", where="replay/scanned")),
+        # accepted over scanned groups of the whole run (a mean of per-step rates would weigh a
+        # step that scanned 2 groups like one that scanned 200)
+        "replay_acceptance": _ratio(
+            sum(_series(metrics, "replay/accepted", where="replay/scanned")),
+            sum(_series(metrics, "replay/scanned", where="replay/scanned")),
+        ),
         "replay_token_share": _avg(_series(metrics, "replay/token_share", where="replay/candidates")),
         "replay_kl_accepted": _avg(_series(metrics, "replay/replay_kl_accepted/mean", where="replay/accepted")),
         "elite_token_share": _avg(_series(metrics, "replay/elite/token_share")),
