@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from verl_replay._files import atomic_write_text
+from verl_replay.compare.contrasts import CONTRASTS, contrast_result, primary_measure
 from verl_replay.compare.paired import curve_auc, paired_difference, value_at_fresh_responses
 
 __all__ = [
@@ -173,10 +174,16 @@ def _kmax(results: Sequence[Mapping[str, Any]]) -> Optional[int]:
 
 
 def aggregate(
-    comparison: str, arms: Sequence[Mapping[str, Any]], runs: Mapping[str, Mapping[int, Mapping[str, Any]]]
+    comparison: str,
+    arms: Sequence[Mapping[str, Any]],
+    runs: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    *,
+    target_effect: Optional[float] = None,
 ) -> dict[str, Any]:
     """One comparison: per arm the per-seed results, mean / std / n per column, the validation
-    curves' mean / std per step, and the noise verdict against the first arm."""
+    curves' mean / std per step, and the noise verdict against the first arm; the primary
+    metric and every contrast of the comparison whose two arms ran (``target_effect``: the
+    effect, in the primary metric's units, the seeds are sized for)."""
     columns = _HD_COLUMNS if comparison == "headroom_drift" else _ELITE_COLUMNS
     all_results = [r for arm in arms for r in runs.get(arm["name"], {}).values()]
     kmax = _kmax(all_results)
@@ -219,8 +226,18 @@ def aggregate(
                 for key in ("eval:pass@1", f"eval:pass@{kmax}", "eval:distinct_strategies"):
                     arm["vs_reference"][key] = noise_verdict(arm["summary"][key], ref["summary"][key])
     val_ns = {int(r["val_n"]) for r in all_results}
+    primary = primary_measure(all_results)
+    names = {arm["name"] for arm in arms}
+    contrasts = [
+        contrast_result(c, runs.get(c.arm, {}), runs.get(c.reference, {}), primary[0], target_effect)
+        for c in CONTRASTS
+        if c.comparison == comparison and c.arm in names and c.reference in names
+    ]
     return {
         "comparison": comparison,
+        "primary_metric": {"key": primary[0], "title": primary[1], "kind": primary[2]},
+        "contrasts": contrasts,
+        "target_effect": target_effect,
         "reference_arm": out_arms[0]["name"] if out_arms else None,
         "val_n": val_ns.pop() if len(val_ns) == 1 else None,
         "pass_k_max": kmax,
@@ -254,7 +271,7 @@ def reaggregate(document: Mapping[str, Any]) -> dict[str, Any]:
             arm["name"]: {int(seed): _with_fresh_responses(result) for seed, result in arm["runs"].items()}
             for arm in comp["arms"]
         }
-        comparisons.append(aggregate(comp["comparison"], arms, runs))
+        comparisons.append(aggregate(comp["comparison"], arms, runs, target_effect=comp.get("target_effect")))
     out["comparisons"] = comparisons
     out["schema_version"] = SCHEMA_VERSION
     return out
