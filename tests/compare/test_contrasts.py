@@ -77,3 +77,22 @@ def test_aggregate_reports_every_contrast_whose_arms_ran_on_the_primary_metric()
     ]
     first = comp["contrasts"][0]
     assert first["mean"] == pytest.approx(0.05 + 0.014 / 3) and first["verdict"] == "arm higher"
+
+
+def test_the_table_lists_every_contrast_with_its_mde_and_the_seeds_it_needs():
+    from verl_replay.compare.report import format_table
+
+    arms = [{"name": n, "label": n.replace("_", " ")} for n in ("grpo_matched", "headroom_drift")]
+    runs = {
+        "grpo_matched": {s: _result(0.40 + 0.01 * s) for s in (1, 2, 3)},
+        "headroom_drift": {s: _result(0.40 + 0.01 * s + 0.01 * (s % 2)) for s in (1, 2, 3)},
+    }
+    comp = aggregate("headroom_drift", arms, runs, target_effect=0.03)
+    table = format_table(comp)
+    c = comp["contrasts"][0]
+    mde = f"{100 * c['mde']:.1f}"
+    assert "MDE of 3 points" in table
+    assert (
+        f"| headroom drift - grpo matched | yes | {100 * c['mean']:+.1f} [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
+        f" | no difference detected | {mde} | 3 (needs {c['seeds_for_target']}) |" in table
+    )

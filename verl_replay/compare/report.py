@@ -29,6 +29,7 @@ __all__ = [
     "gain_over_start",
     "reaggregate",
     "format_table",
+    "format_contrasts",
     "format_cost",
     "run_cost",
     "plot_curves",
@@ -294,8 +295,36 @@ def _fmt(stat: Mapping[str, Any], kind: str) -> str:
     return text
 
 
+def format_contrasts(comp: Mapping[str, Any]) -> list[str]:
+    """Markdown lines: every contrast on the primary metric, paired by seed, with its minimum
+    detectable effect and the seeds its observed SD needs for the target effect."""
+    contrasts, primary = comp.get("contrasts") or [], comp.get("primary_metric")
+    if not contrasts or not primary:
+        return []
+    labels = {arm["name"]: arm["label"] for arm in comp["arms"]}
+    kind, target = primary["kind"], comp.get("target_effect")
+    scale, unit = (100.0, " points") if kind == "pct" else (1.0, "")
+    needs = f"; seeds: how many the observed SD needs for an MDE of {scale * target:g}{unit}" if target else ""
+    lines = [
+        f"Contrasts on the primary metric ({primary['title']}): arm - reference{unit}, paired by seed, "
+        "mean [95% t interval]; MDE: the smallest true difference these seeds detect with 80% power "
+        f"(two-sided 5%){needs}:",
+        "",
+        "| contrast | main | difference | verdict | MDE | seeds |",
+        "|---|---|---:|---|---:|---:|",
+    ]
+    for c in contrasts:
+        name = f"{labels.get(c['arm'], c['arm'])} - {labels.get(c['reference'], c['reference'])}"
+        mde = "–" if c.get("mde") is None else format(scale * c["mde"], ".1f")
+        needed = c.get("seeds_for_target")
+        seeds = f"{c['n']} (needs {needed})" if needed is not None else str(c["n"])
+        cells = [name, "yes" if c["main"] else "", _fmt_paired(c, kind).rsplit(" (", 1)[0], c["verdict"], mde, seeds]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def format_table(comp: Mapping[str, Any]) -> str:
-    """Markdown: one row per arm, mean ± std over seeds, then the noise verdicts."""
+    """Markdown: one row per arm, mean ± std over seeds, then the contrasts and the noise verdicts."""
     columns = _HD_COLUMNS if comp["comparison"] == "headroom_drift" else _ELITE_COLUMNS
     n, kmax = comp.get("val_n") or "n", comp.get("pass_k_max")
     cols = []
@@ -311,6 +340,7 @@ def format_table(comp: Mapping[str, Any]) -> str:
         cells = [arm["label"], str(len(arm["seeds"]))] + [_fmt(arm["summary"].get(k, {}), kind) for k, _, kind in cols]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    lines.extend(format_contrasts(comp))
     lines.append(
         f"Learning within a run: final - before training of Mean@{n} in points, "
         "mean [95% t interval] over seeds (mean / standard error):"
