@@ -92,7 +92,8 @@ def test_the_table_lists_every_contrast_with_its_mde_and_the_seeds_it_needs():
     c = comp["contrasts"][0]
     mde = f"{100 * c['mde']:.1f}"
     assert "MDE of 3 points" in table
+    difference = f"{100 * c['mean']:+.1f} [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
     assert (
-        f"| headroom drift - grpo matched | yes | {100 * c['mean']:+.1f} [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
-        f" | no difference detected | {mde} | 3 (needs {c['seeds_for_target']}) |" in table
+        f"| headroom drift - grpo matched | yes | {difference} | no difference detected | {mde} | "
+        f"3 (needs {c['seeds_for_target']}) |" in table
     )
