@@ -26,6 +26,7 @@ OVERRIDDEN_HOOKS = {
     "_init_tokenizer": [],
     "_init_resource_pool_mgr": [],
     "_setup": [],
+    "_validate": [],
 }
 
 
@@ -163,3 +164,18 @@ def test_trackings_file_backend_is_built_from_the_module_name_we_replace():
     source = inspect.getsource(tracking.Tracking.__init__)
     assert 'self.logger["file"] = FileLogger(project_name, experiment_name)' in source
     assert {"log", "finish"} <= set(vars(tracking.FileLogger))
+
+
+def test_forward_only_calls_return_their_metrics_as_a_non_tensor_entry():
+    """The scan's worker CPU seconds ride on this: TrainingWorker.infer_batch returns a TensorDict
+    whose non-tensor ``metrics`` dict the TransferQueue bridge hands back in ``extra_info``, and the
+    actor's compute_log_prob returns what the training worker's infer_batch gave."""
+    from verl.utils import transferqueue_utils
+    from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+
+    assert [p for p in inspect.signature(TrainingWorker.infer_batch).parameters if p != "self"] == ["data"]
+    postprocess = inspect.getsource(TrainingWorker._postprocess_output)
+    assert 'non_tensor_dict={"metrics": final_metrics}' in postprocess
+    assert "output = self.actor.infer_batch(data)" in inspect.getsource(ActorRolloutRefWorker.compute_log_prob)
+    bridge = inspect.getsource(transferqueue_utils)
+    assert "meta_data[k] = v.data" in bridge and "meta.extra_info = meta_data" in bridge
