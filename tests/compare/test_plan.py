@@ -158,6 +158,20 @@ def test_seeds_runs_and_shared_archive(tmp_path):
     assert plan.search.env["ARCHIVE"] == str(plan.archive)
 
 
+def test_arms_no_main_contrast_reads_run_at_the_other_seeds_only(tmp_path):
+    plan = _plan(tmp_path, seeds=[1, 2, 3, 4, 5], other_seeds=[1, 2])
+    seeds = {}
+    for run in plan.runs:
+        seeds.setdefault((run.arm.comparison, run.arm.name), []).append(run.seed)
+    main = {("headroom_drift", "grpo_matched"), ("headroom_drift", "naive"), ("headroom_drift", "headroom_drift")}
+    main |= {("elite", "grpo"), ("elite", "elite_iid"), ("elite", "elite")}
+    for arm, ran in seeds.items():
+        assert ran == ([1, 2, 3, 4, 5] if arm in main else [1, 2]), arm
+    assert seeds[("headroom_drift", "drift_only")] == [1, 2]
+    with pytest.raises(ValueError, match="--other-seeds"):
+        _plan(tmp_path, seeds=[1, 2], other_seeds=[3])
+
+
 def test_arms_filter_and_bad_input(tmp_path):
     plan = _plan(tmp_path, arms=["grpo_matched", "headroom_drift"], seeds=[1])
     assert [r.arm.name for r in plan.runs] == ["grpo_matched", "headroom_drift"]

@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seeds", type=_seeds, default=[1, 2, 3], help="comma-separated seeds (default: 1,2,3)")
     p.add_argument(
+        "--other-seeds",
+        type=_seeds,
+        default=None,
+        help="seeds (some of --seeds) for the arms no main contrast reads: the larger on-policy batch, "
+        "the ablations, the controls (default: every seed)",
+    )
+    p.add_argument(
         "--arms",
         type=_csv,
         default=None,
@@ -169,6 +176,7 @@ def make_plans(args: argparse.Namespace) -> list[Plan]:
                 python=args.python,
                 arms=args.arms,
                 tau=args.tau,
+                other_seeds=getattr(args, "other_seeds", None),
             )
         )
     return plans

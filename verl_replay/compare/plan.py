@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from verl_replay.compare.contrasts import CONTRASTS
+
 __all__ = [
     "COMPARISONS",
     "PROFILES",
@@ -345,9 +347,12 @@ def build_plan(
     python: str,
     arms: Optional[Sequence[str]] = None,
     tau: Optional[float] = None,
+    other_seeds: Optional[Sequence[int]] = None,
 ) -> Plan:
     """Every (arm, seed) run of the chosen comparisons, in run order: one comparison after the
-    other, seed-major within each (a partial run has whole seeds of every arm of a comparison)."""
+    other, seed-major within each (a partial run has whole seeds of every arm of a comparison).
+    ``other_seeds`` (a subset of ``seeds``): the seeds of the arms no main contrast reads (the
+    larger on-policy batch, the ablations, the controls); None: every seed for every arm."""
     unknown = [c for c in comparisons if c not in COMPARISONS]
     if unknown or not comparisons:
         raise ValueError(f"--comparison: expected some of {', '.join(COMPARISONS)}, got {list(comparisons)}")
@@ -359,6 +364,8 @@ def build_plan(
         )
     if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
         raise ValueError(f"--seeds: expected distinct non-negative integers, got {list(seeds)}")
+    if other_seeds is not None and (not other_seeds or not set(other_seeds) <= set(seeds)):
+        raise ValueError(f"--other-seeds: expected some of the seeds {list(seeds)}, got {list(other_seeds)}")
     tau = tau_rule() if tau is None else tau
     out_dir = Path(out_dir).absolute()
     all_arms: list[Arm] = []
@@ -391,9 +398,18 @@ def build_plan(
             search_env,
             ["bash", str(recipes_dir / "elite_replay_qwen4b.sh")],
         )
+    main_arms = {(c.comparison, name) for c in CONTRASTS if c.main for name in (c.arm, c.reference)}
+
+    def runs_at(arm: Arm, seed: int) -> bool:
+        return other_seeds is None or (arm.comparison, arm.name) in main_arms or seed in other_seeds
+
     runs = []
     for arm, seed in (
-        (arm, seed) for comparison in COMPARISONS for seed in seeds for arm in all_arms if arm.comparison == comparison
+        (arm, seed)
+        for comparison in COMPARISONS
+        for seed in seeds
+        for arm in all_arms
+        if arm.comparison == comparison and runs_at(arm, seed)
     ):
         run_dir = out_dir / "runs" / arm.comparison / arm.name / f"seed{seed}"
         env = {
