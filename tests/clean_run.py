@@ -15,16 +15,34 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["check_clean_run"]
+__all__ = ["check_clean_run", "hidden_errors"]
 
 _HIDDEN_ERROR = re.compile(r"\bERROR\b|Traceback \(most recent call last\)")
+_TRAINING_DONE = re.compile(r"Training Progress: 100%")
+# vLLM's engine core killed by the cluster's shutdown before its API server: the server logs that
+# it saw the core go ("[shutdown] ... engine core exited unexpectedly") and then its output
+# handler's EngineDeadError. A teardown race after the last step, not an error of the run.
+_VLLM_TEARDOWN = re.compile(r"\((?P<actor>vLLMHttpServer pid=\d+)\).*\[shutdown\] MPClient: engine core exited")
+
+
+def hidden_errors(log: str) -> list[str]:
+    """The log's error lines, less a vLLM server's teardown lines once training has finished."""
+    hidden, done, torn_down = [], False, set()
+    for line in log.splitlines():
+        done = done or bool(_TRAINING_DONE.search(line))
+        teardown = _VLLM_TEARDOWN.search(line) if done else None
+        if teardown:
+            torn_down.add(teardown["actor"])
+        if _HIDDEN_ERROR.search(line) and not any(f"({actor})" in line for actor in torn_down):
+            hidden.append(line)
+    return hidden
 
 
 def check_clean_run(run_dir: Path) -> None:
     run_dir = Path(run_dir)
     # verbose=true runs print verl's output instead of writing verl.log
     log = (run_dir / "verl.log").read_text(errors="replace") if (run_dir / "verl.log").exists() else ""
-    hidden = [line for line in log.splitlines() if _HIDDEN_ERROR.search(line)]
+    hidden = hidden_errors(log)
     assert not hidden, f"{run_dir}/verl.log hides an error:\n" + "\n".join(hidden[:10])
     steps = []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
