@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from verl_replay.data.tiny_arith import arith_problems, arith_rows
+from verl_replay.eval.sampling import sampling_is_plain
 from verl_replay.integrations.verl import exact_eval
 from verl_replay.integrations.verl.exact_eval import (
     ExactAnswerEval,
     exact_questions,
-    sampling_is_plain,
     stop_token_ids,
 )
 from verl_replay.integrations.verl.group_replay import replay_rows

@@ -23,17 +23,14 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from verl_replay.eval.exact_answer import AnswerSequences, accuracy_summary, answer_sequences, expected_accuracy
-from verl_replay.eval.sampling import EXACT_EVAL_MODES, sampling_is_plain
 from verl_replay.headroom_drift.buffer import ReplayGroup
 from verl_replay.integrations.verl.rows import POSITION_ROWS_META, plain
 from verl_replay.rewards import is_exact_answer_source
 
 __all__ = [
-    "EXACT_EVAL_MODES",
     "METRIC_PREFIX",
     "ExactAnswerEval",
     "exact_questions",
-    "sampling_is_plain",
     "stop_token_ids",
 ]
 

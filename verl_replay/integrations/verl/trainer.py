@@ -45,9 +45,10 @@ from verl.trainer.ppo.v1 import PPOTrainerSeparateAsync, PPOTrainerSync
 from verl.utils.debug.metrics import calculate_debug_metrics
 
 from verl_replay.config import ReplayConfig
+from verl_replay.eval.sampling import sampling_is_plain
 from verl_replay.integrations.verl.actor_loss import AUDIT_ROUND_FIELD, AUDIT_STEP_FIELD, ReplayActorLoss
 from verl_replay.integrations.verl.console import DriftFloorWatch
-from verl_replay.integrations.verl.exact_eval import ExactAnswerEval, exact_questions, sampling_is_plain, stop_token_ids
+from verl_replay.integrations.verl.exact_eval import ExactAnswerEval, exact_questions, stop_token_ids
 from verl_replay.integrations.verl.group_replay import GroupReplayStream, PolicyScorer
 from verl_replay.integrations.verl.replay_state import STATE_DIR
 from verl_replay.integrations.verl.rows import (
