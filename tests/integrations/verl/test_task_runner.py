@@ -45,3 +45,24 @@ def test_a_live_controller_is_refused_and_a_released_one_is_waited_for(local_ray
     start = time.monotonic()
     task_runner.wait_for_free_transfer_queue(timeout_s=30.0, poll_s=0.1)
     assert time.monotonic() - start < 30.0
+
+
+def test_agent_loop_manager_keeps_its_workers_where_the_runner_stops_them():
+    """Canary: verl's AgentLoopManager holds its worker handles in ``agent_loop_workers``; the
+    runner kills them there when training ends. Renamed, the stop would find no worker."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopManager
+
+    assert "self.agent_loop_workers = []" in inspect.getsource(AgentLoopManager)
+
+
+def test_a_finished_runs_agent_loop_workers_are_killed(local_ray):
+    class Manager:  # what the runner reads of verl's AgentLoopManager
+        agent_loop_workers = [_Holder.remote(), _Holder.remote()]
+
+    workers = Manager.agent_loop_workers
+    assert ray.get([w.ping.remote() for w in workers]) == [True, True]
+    assert task_runner.stop_agent_loop_workers(Manager()) == 2
+    for worker in workers:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(worker.ping.remote(), timeout=30)
+    assert task_runner.stop_agent_loop_workers(object()) == 0  # a manager without workers: nothing to stop

@@ -9,7 +9,8 @@ verl's runner pprints the whole config (~950 lines); this one does so only with 
 by :mod:`~verl_replay.integrations.verl.metrics_file` (whole lines) instead of verl's file logger.
 Before it starts TransferQueue it makes sure no other run's queue lives on the Ray cluster
 (:func:`wait_for_free_transfer_queue`): runs that join one cluster one after the other are safe,
-two at once are refused.
+two at once are refused. When training ends it stops the rollout's agent loop workers before it
+closes TransferQueue (:func:`stop_agent_loop_workers`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,22 @@ def wait_for_free_transfer_queue(timeout_s: float = TQ_RELEASE_TIMEOUT_S, poll_s
                 "job at a time on a cluster, or give each run its own (without RAY_ADDRESS a run starts its own)"
             )
         time.sleep(poll_s)
+
+
+def stop_agent_loop_workers(agent_loop_manager: object) -> int:
+    """Kill the agent loop workers of a finished run; return how many.
+
+    separate_async generates ahead of training, so when ``fit`` returns the workers still run
+    rollouts for steps that will never come. Left alive, they put those rollouts into a
+    TransferQueue that ``tq.close`` is tearing down, or ask a vLLM server the cluster's shutdown
+    has killed, and log each failure as ``Error in _run_prompt`` with a traceback: noise that
+    reads like a lost rollout. Killed first, they end without a word; nothing they held was
+    going to be trained on.
+    """
+    workers = list(getattr(agent_loop_manager, "agent_loop_workers", None) or [])
+    for worker in workers:
+        ray.kill(worker, no_restart=True)
+    return len(workers)
 
 
 @ray.remote
@@ -94,6 +111,8 @@ class ReplayTaskRunner:
             succeeded = True
         finally:
             try:
+                if self.agent_loop_manager is not None:
+                    stop_agent_loop_workers(self.agent_loop_manager)
                 tracking = getattr(self.trainer, "logger", None)
                 if tracking is not None:
                     tracking.finish(exit_code=0 if succeeded else 1)
