@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_replay.compare.contrasts import CONTRASTS, contrast_result, primary_measure, verdict
+from verl_replay.compare.contrasts import CONTRASTS, collapsed, contrast_result, primary_measure, verdict
 from verl_replay.compare.report import aggregate
 
 HD_VS_GRPO = next(c for c in CONTRASTS if (c.arm, c.reference) == ("headroom_drift", "grpo_matched"))
@@ -97,3 +97,39 @@ def test_the_table_lists_every_contrast_with_its_mde_and_the_seeds_it_needs():
         f"| headroom drift - grpo matched | yes | {difference} | no difference detected | {mde} | "
         f"3 (needs {c['seeds_for_target']}) |" in table
     )
+
+
+@pytest.mark.parametrize(
+    "start, final, expected",
+    [(0.40, 0.41, False), (0.40, 0.39, True), (0.40, 0.80, False), (0.40, 0.40, False), (None, 0.5, None)],
+)
+def test_a_run_collapsed_when_it_ends_below_its_start(start, final, expected):
+    curve = [{"step": 0, "mean": start}, {"step": 10, "mean": final}]
+    assert collapsed({"val_curve": curve}) is expected
+    assert collapsed({"val_curve": curve[1:]}) is None  # no evaluation before training: unknown
+
+
+def test_an_arm_split_into_collapsed_and_learning_seeds_is_reported_as_counts():
+    """GRPO collapses in one seed of three (0.3 -> 0.05); a replay arm learns in all three. A t
+    interval over (+0.1, +0.1, +0.55) would describe neither kind of run: the verdict counts."""
+    arms = [{"name": n, "label": n} for n in ("grpo_matched", "headroom_drift", "grpo_control")]
+    runs = {
+        "grpo_matched": {1: _result(0.50), 2: _result(0.05), 3: _result(0.50)},
+        "headroom_drift": {s: _result(0.60) for s in (1, 2, 3)},
+        "grpo_control": {s: _result(0.02) for s in (1, 2, 3)},  # every seed collapsed: one mode
+    }
+    comp = aggregate("headroom_drift", arms, runs, target_effect=0.03)
+    by_arm = {c["arm"]: c for c in comp["contrasts"]}
+    hd = by_arm["headroom_drift"]
+    assert hd["bimodal"] and (hd["collapsed_arm"], hd["collapsed_reference"]) == (0, 1)
+    assert hd["verdict"] == "bimodal: 0 of 3 seeds collapsed in the arm, 1 of 3 in the reference"
+    control = by_arm["grpo_control"]  # one mode in the arm, but its reference is split
+    assert control["bimodal"] and (control["collapsed_arm"], control["collapsed_reference"]) == (3, 1)
+    assert [a["collapsed_seeds"] for a in comp["arms"]] == [[2], [], [1, 2, 3]]
+    from verl_replay.compare.report import format_table
+
+    table = format_table(comp)
+    assert "| grpo_matched | 3 |" in table and "| 1 of 3 |" in table
+    assert "- grpo_matched: bimodal, 1 of 3 seeds collapsed (seeds 2); no interval" in table
+    assert "| see counts | bimodal: 0 of 3" in table
+    assert "- grpo_control: bimodal" not in table and "- grpo_control: -28.0 [" in table  # all collapsed: one mode

@@ -50,9 +50,10 @@ def test_from_json_adds_paired_differences_and_every_run(tmp_path, capsys):
     assert main(["--from-json", str(stored), "--out", str(out)]) == 0
     doc = json.loads((out / "comparison.json").read_text())
     hd = doc["comparisons"][0]["arms"][1]
-    # per seed 0.3 - 0.2 and 0.6 - 0.4: mean 0.15; the mean over evaluations moves by a third of that
+    # per seed 0.3 - 0.2 and 0.6 - 0.4: mean 0.15; the mean over the two post-training evaluations
+    # (step 2 equal in both arms) moves by half of that: (0.05 + 0.1) / 2
     assert hd["paired"]["final_mean"]["mean"] == pytest.approx(0.15)
-    assert hd["paired"]["auc_mean"]["mean"] == pytest.approx(0.05)
+    assert hd["paired"]["post_mean"]["mean"] == pytest.approx(0.075)
     assert hd["paired"]["final_mean"]["n"] == 2 and hd["paired"]["final_mean"]["low"] is not None
     runs = {(r["arm"], r["seed"]): r["points"] for r in doc["runs"]}
     assert sorted(runs) == [("grpo_matched", 1), ("grpo_matched", 2), ("headroom_drift", 1), ("headroom_drift", 2)]

@@ -36,7 +36,8 @@ def test_every_interval_and_standard_error_the_readme_quotes_is_in_a_comparison(
 def test_the_blocks_follow_the_json(tmp_path):
     """A changed comparison changes the README's table and sentence; --check notices first."""
     root = tmp_path / "comparison"
-    shutil.copytree(ROOT / "docs" / "comparison" / "arith", root / "arith")
+    for profile in ("arith", "shapes"):
+        shutil.copytree(ROOT / "docs" / "comparison" / profile, root / profile)
     document = json.loads((root / "arith" / "comparison.json").read_text())
     for arm in document["comparisons"][0]["arms"]:
         if arm["name"] == "grpo_matched":
@@ -50,7 +51,7 @@ def test_the_blocks_follow_the_json(tmp_path):
     assert page.read_text() == (ROOT / "README.md").read_text()  # --check writes nothing
     assert not readme.update_readme(page, root)
     text = page.read_text()
-    assert "| GRPO on-policy b64 | 3 | 85.6% | +43.3 [+38.3, +48.2] | – |" in text
+    assert "| GRPO on-policy b64 | 3 | 85.6% | +43.3 [+38.3, +48.2] | – | 0 |" in text
     assert "by +43.3 points in 60 steps while its random-reward control falls by 32.2<!--" in text
     assert readme.update_readme(page, root, check=True)
 

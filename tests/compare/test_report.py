@@ -1,4 +1,5 @@
-"""Aggregation over seeds, the noise verdict, the table and the files written."""
+"""Aggregation over seeds, verdicts from paired intervals, collapsed seeds, the table and the files
+written."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from verl_replay.compare.report import (
     format_cost,
     format_table,
     mean_std,
-    noise_verdict,
     run_cost,
     write_outputs,
 )
@@ -24,16 +24,6 @@ def test_mean_std_hand_computed():
     assert mean_std([5.0]) == (5.0, None, 1)
     assert mean_std([]) == (None, None, 0)
     assert mean_std([1.0, float("nan"), 3.0])[:2] == (2.0, pytest.approx(math.sqrt(2.0)))
-
-
-def test_noise_verdict_two_standard_errors():
-    ref = {"mean": 0.5, "std": 0.1, "n": 4}
-    # se = sqrt(0.01/4 + 0.01/4) = 0.0707; 2 se = 0.1414
-    assert noise_verdict({"mean": 0.64, "std": 0.1, "n": 4}, ref) == "within noise"
-    assert noise_verdict({"mean": 0.65, "std": 0.1, "n": 4}, ref) == "higher"
-    assert noise_verdict({"mean": 0.35, "std": 0.1, "n": 4}, ref) == "lower"
-    assert noise_verdict({"mean": 0.9, "std": None, "n": 1}, ref) == "n/a"
-    assert noise_verdict({"mean": 0.5, "std": 0.0, "n": 3}, {"mean": 0.5, "std": 0.0, "n": 3}) == "within noise"
 
 
 def _result(final, best, curve_vals, t=2.0, acc=None, ev=None):
@@ -49,6 +39,7 @@ def _result(final, best, curve_vals, t=2.0, acc=None, ev=None):
         "elite_token_share": None,
         "val_curve": curve,
         "auc_mean": sum(curve_vals) / len(curve_vals),
+        "post_mean": sum(curve_vals[1:]) / len(curve_vals[1:]) if curve_vals[1:] else None,
         "val_n": 2,
         "eval": ev,
     }
@@ -68,11 +59,13 @@ def test_aggregate_table_and_files(tmp_path):
     assert hd["summary"]["final_mean"]["std"] == pytest.approx(math.sqrt(0.02))
     assert hd["summary"]["replay_acceptance"]["mean"] == pytest.approx(0.75)
     assert [p["mean"] for p in hd["curve_mean"]] == [pytest.approx(0.1), pytest.approx(0.6)]
-    # diff 0.3, se = sqrt(0.02/2 + 0.02/2) = 0.1414 -> 2 se = 0.283 < 0.3
-    assert hd["vs_reference"]["final_mean"] == "higher"
+    # per seed +0.3, +0.3: sd 0 -> a zero-width interval above 0; no unpaired screen is reported
+    assert hd["paired"]["final_mean"]["mean"] == pytest.approx(0.3)
+    assert hd["paired"]["final_mean"]["verdict"] == "arm higher"
+    assert "vs_reference" not in hd and hd["collapsed_seeds"] == []
     table = format_table(comp)
-    assert "| HD | 2 | 60.0 ± 14.1 |" in table and "Mean@2 (final)" in table
-    assert "- HD: Mean@2 (final): higher" in table
+    assert "| HD | 2 | 60.0 ± 14.1 | 60.0 ± 14.1 |" in table and "Mean@2 (final)" in table
+    assert "2 standard errors" not in table and "exact accuracy" not in table  # no run has the exact metric
     doc = {"profile": "tiny", "steps": {"headroom_drift": 2}, "comparisons": [comp]}
     paths = write_outputs(tmp_path, doc)
     assert json.loads(paths["json"].read_text())["comparisons"][0]["arms"][1]["name"] == "headroom_drift"
@@ -94,7 +87,7 @@ def test_elite_table_has_pass_at_k_and_strategies():
     assert (
         "pass@4" in table
         and "distinct correct strategies" in table
-        and "| GRPO | 1 | 10.0 | 10.0 | 25.0 | 50.0 | 1.00 |" in table
+        and "| GRPO | 1 | 10.0 | 25.0 | 50.0 | 1.00 |" in table  # no post-training evaluation: no column
     )
 
 

@@ -222,7 +222,7 @@ def collect_document(plan: Plan, records: dict[str, dict[str, Any]], wall_s: Opt
             {"name": a.name, "label": a.label, "recipe": a.recipe, "fresh_prompts_per_step": a.fresh_prompts}
             for a in arms
         ]
-        comparisons.append(aggregate(comparison, arm_meta, runs))
+        comparisons.append(aggregate(comparison, arm_meta, runs, target_effect=plan.profile.target_effect))
     run_walls = [r.get("wall_s", 0.0) for r in records.values()] if records else []
     return {
         "schema_version": SCHEMA_VERSION,
@@ -267,6 +267,7 @@ def _run_points(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "fresh_responses": p.get("fresh_responses"),
                         "mean": p["mean"],
                         "best": p["best"],
+                        "exact": p.get("exact"),
                     }
                     for p in result.get("val_curve", [])
                 ]

@@ -5,7 +5,9 @@ reported with its 95% interval, the smallest effect its seeds could detect (80% 
 5%, from the observed SD of the per-seed differences) and the seeds that SD says a target effect
 needs. Verdicts come from the paired interval alone: it excludes 0 (the arm is higher or lower) or
 it does not (no difference detected, and the minimum detectable effect says how small a difference
-could have gone unseen).
+could have gone unseen). An arm whose seeds split into collapsed and learning runs is bimodal: a
+mean and a t interval describe neither kind of run, so such a contrast is reported as counts of
+collapsed seeds instead (:func:`collapsed`).
 
 The main contrasts are the papers' claims (Headroom-Drift against on-policy GRPO at the same fresh
 budget and against naive replay; EliteReplay against GRPO and against IID archive replay); the
@@ -20,7 +22,17 @@ from typing import Any, Mapping, Optional, Sequence
 
 from verl_replay.compare.paired import paired_difference, seeds_for_effect
 
-__all__ = ["Contrast", "CONTRASTS", "PRIMARY_MEASURES", "primary_measure", "contrast_result", "verdict"]
+__all__ = [
+    "Contrast",
+    "CONTRASTS",
+    "PRIMARY_MEASURES",
+    "ELITE_PRIMARY_MEASURES",
+    "collapsed",
+    "contrast_result",
+    "measure_value",
+    "primary_measure",
+    "verdict",
+]
 
 
 @dataclass(frozen=True)
@@ -45,23 +57,55 @@ CONTRASTS: tuple[Contrast, ...] = (
     Contrast("elite", "elite_iid", "elite_mu0", False, "IID replay against the replay-off recipe"),
 )
 
-# (result key, title, kind): the least noisy measure a run has, first match wins
+# (result key, title, kind): the least noisy measure a run has, first match wins ("eval:" keys
+# read the last checkpoint's evaluation). The elite comparison's question is diversity: its
+# measure is the distinct right query shapes per question, where every run was evaluated.
 PRIMARY_MEASURES: tuple[tuple[str, str, str], ...] = (
     ("post_exact", "exact expected accuracy, mean over post-training evaluations", "pct"),
     ("post_mean", "sampled Mean@n, mean over post-training evaluations", "pct"),
 )
+ELITE_PRIMARY_MEASURES: tuple[tuple[str, str, str], ...] = (
+    ("eval:distinct_strategies", "distinct right query shapes per question, last checkpoint", "num"),
+    *PRIMARY_MEASURES,
+)
+
+
+def collapsed(result: Mapping[str, Any]) -> Optional[bool]:
+    """Whether a run ended below where it started: its final sampled accuracy under its accuracy
+    before training. On the learnable profiles every healthy run gains 20 points or more, so a
+    run that ends below its start has diverged (GRPO that lost a part of the questions for good,
+    or a random-reward control), whatever its exact final value (None: no evaluation before
+    training in its curve)."""
+    curve = result.get("val_curve") or []
+    if len(curve) < 2 or int(curve[0]["step"]) != 0:
+        return None
+    start, final = curve[0].get("mean"), curve[-1].get("mean")
+    if not (_finite(start) and _finite(final)):
+        return None
+    return float(final) < float(start)
+
+
+def collapse_counts(runs: Mapping[int, Mapping[str, Any]], seeds: Sequence[int]) -> int:
+    return sum(1 for seed in seeds if collapsed(runs[seed]))
 
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(float(value))
 
 
-def primary_measure(results: Sequence[Mapping[str, Any]]) -> tuple[str, str, str]:
-    """The first of :data:`PRIMARY_MEASURES` that every run carries."""
-    for measure in PRIMARY_MEASURES:
-        if results and all(_finite(r.get(measure[0])) for r in results):
+def measure_value(result: Mapping[str, Any], key: str) -> Optional[float]:
+    """A run's value of ``key`` (``eval:NAME``: its last checkpoint's evaluation); None if absent."""
+    value = (result.get("eval") or {}).get(key[5:]) if key.startswith("eval:") else result.get(key)
+    return float(value) if _finite(value) else None
+
+
+def primary_measure(results: Sequence[Mapping[str, Any]], comparison: str = "headroom_drift") -> tuple[str, str, str]:
+    """The first of the comparison's primary measures that every run carries."""
+    measures = ELITE_PRIMARY_MEASURES if comparison == "elite" else PRIMARY_MEASURES
+    for measure in measures:
+        if results and all(measure_value(r, measure[0]) is not None for r in results):
             return measure
-    return PRIMARY_MEASURES[-1]
+    return measures[-1]
 
 
 def verdict(diff: Mapping[str, Any]) -> str:
@@ -83,10 +127,19 @@ def contrast_result(
     target_effect: Optional[float],
 ) -> dict[str, Any]:
     """One contrast on ``measure``: the paired difference (mean, sd, se, interval, mde, seeds),
-    its verdict, and the seeds its observed SD needs to detect ``target_effect``."""
+    the collapsed seeds of each arm among them, its verdict (from counts when an arm is bimodal),
+    and the seeds its observed SD needs to detect ``target_effect``."""
     diff = paired_difference(
-        {s: r.get(measure) for s, r in arm_runs.items()}, {s: r.get(measure) for s, r in ref_runs.items()}
+        {s: measure_value(r, measure) for s, r in arm_runs.items()},
+        {s: measure_value(r, measure) for s, r in ref_runs.items()},
     )
+    n = diff["n"]
+    arm_collapsed = collapse_counts(arm_runs, diff["seeds"])
+    ref_collapsed = collapse_counts(ref_runs, diff["seeds"])
+    bimodal = 0 < arm_collapsed < n or 0 < ref_collapsed < n
+    ruling = verdict(diff)
+    if bimodal:
+        ruling = f"bimodal: {arm_collapsed} of {n} seeds collapsed in the arm, {ref_collapsed} of {n} in the reference"
     needed = None
     if target_effect is not None and diff.get("sd") is not None:
         needed = seeds_for_effect(diff["sd"], target_effect) if diff["sd"] > 0 else 2
@@ -97,7 +150,10 @@ def contrast_result(
         "question": contrast.question,
         "measure": measure,
         **diff,
-        "verdict": verdict(diff),
+        "collapsed_arm": arm_collapsed,
+        "collapsed_reference": ref_collapsed,
+        "bimodal": bimodal,
+        "verdict": ruling,
         "target_effect": target_effect,
         "seeds_for_target": needed,
     }

@@ -98,6 +98,8 @@ class Profile:
     # an effect that comes from the recipe (its batches, its archive loading) rather than the replay
     elite_control: bool = False
     comparisons: tuple[str, ...] = COMPARISONS  # the comparisons the profile has a task for
+    # the effect, in the primary metric's units, the main contrasts' seeds are sized for (None: not sized)
+    target_effect: Optional[float] = None
 
 
 def tiny_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, val_n: Optional[int] = None) -> Profile:
@@ -155,6 +157,7 @@ def arith_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, 
         # the warm start's held-out sampled accuracy: the control sees the reward rate a real
         # run starts from, but rewards that say nothing about the answer
         control_rate=0.43,
+        target_effect=0.03,  # 3 points of held-out accuracy: the papers report 1-2
     )
 
 
@@ -183,6 +186,7 @@ def shapes_profile(
         tiny_task="shapes",
         comparisons=("elite",),
         elite_control=True,
+        target_effect=0.2,  # distinct right query shapes per question
     )
 
 

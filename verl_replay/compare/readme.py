@@ -59,32 +59,61 @@ def _pct(stat: Mapping[str, Any]) -> str:
     return "–" if stat.get("mean") is None else f"{100 * stat['mean']:.1f}%"
 
 
+def _primary(comparison: Mapping[str, Any]) -> tuple[str, str]:
+    """(result key, short title) of the comparison's primary metric."""
+    key = comparison["primary_metric"]["key"]
+    n = comparison["val_n"]
+    return key, "exact accuracy" if key == "post_exact" else f"Mean@{n}"
+
+
 def arith_table(document: Mapping[str, Any]) -> str:
     """The addition profile's table: per arm the final held-out Mean@n, its gain over the run with
-    a 95% interval, and the mean over evaluations paired with GRPO by seed (reference, controls,
-    then the other arms in the comparison's order)."""
+    a 95% interval, the primary metric paired with GRPO by seed, and the collapsed seeds
+    (reference, controls, then the other arms in the comparison's order)."""
     comparison = document["comparisons"][0]
     steps = next(iter(document["settings"]["steps"].values()))
     n = comparison["val_n"]
+    key, title = _primary(comparison)
     arms = _arms(document)
     ordered = arms[:1] + [a for a in arms[1:] if _control(a)] + [a for a in arms[1:] if not _control(a)]
     lines = [
         f"| arm | seeds | held-out Mean@{n}, final | gain in {steps} steps, 95% interval "
-        "| paired vs GRPO, mean over evaluations |",
-        "|---|---:|---:|---:|---:|",
+        f"| paired vs GRPO, {title} over post-training evaluations | collapsed seeds |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for arm in ordered:
-        paired = (arm.get("paired") or {}).get("auc_mean")
+        paired = (arm.get("paired") or {}).get(key)
         cells = [
             arm["label"],
             str(len(arm["seeds"])),
             _pct(arm["summary"]["final_mean"]),
             _gain(arm),
             _SEEDS.sub("", _fmt_paired(paired)) if paired else "–",
+            str(len(arm.get("collapsed_seeds") or [])),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "(bN: N fresh responses a step; +rM: up to M replayed responses a step.)"]
     return "\n".join(lines)
+
+
+def main_contrasts(document: Mapping[str, Any]) -> str:
+    """A comparison's main contrasts, each with its interval and the smallest effect its seeds
+    could detect."""
+    comparison = document["comparisons"][0]
+    kind = comparison["primary_metric"]["kind"]
+    unit, scale, spec = (" points", 100.0, ".1f") if kind == "pct" else ("", 1.0, ".2f")
+    labels = {arm["name"]: arm["label"].split(" (")[0] for arm in comparison["arms"]}
+    parts = []
+    for c in comparison["contrasts"]:
+        if not c["main"]:
+            continue
+        interval = _SEEDS.sub("", _fmt_paired(c, kind))
+        mde = "–" if c.get("mde") is None else format(scale * c["mde"], spec)
+        parts.append(
+            f"{labels[c['arm']]} - {labels[c['reference']]} {interval}{unit} over {c['n']} seeds "
+            f"(smallest detectable: {mde})"
+        )
+    return "; ".join(parts)
 
 
 def arith_tools_sentence(document: Mapping[str, Any]) -> str:
@@ -100,7 +129,12 @@ def arith_tools_sentence(document: Mapping[str, Any]) -> str:
 
 
 # block name -> (profile, renderer)
-BLOCKS = {"arith-table": ("arith", arith_table), "arith-tools": ("arith", arith_tools_sentence)}
+BLOCKS = {
+    "arith-table": ("arith", arith_table),
+    "arith-contrasts": ("arith", main_contrasts),
+    "shapes-contrasts": ("shapes", main_contrasts),
+    "arith-tools": ("arith", arith_tools_sentence),
+}
 
 
 def render_blocks(root: Path = COMPARISONS) -> dict[str, str]:
@@ -146,7 +180,7 @@ def update_readme(readme: Path = README, root: Path = COMPARISONS, *, check: boo
 
 def quoted_numbers(documents: Sequence[Mapping[str, Any]]) -> set[str]:
     """Every interval (``+33.3 [+28.3, +38.2]``) and standard-error count the documents yield:
-    each arm's gain, each paired difference in points or (strategies) as counts."""
+    each arm's gain, each paired difference in points or (strategies) as counts, each contrast."""
     numbers: set[str] = set()
     for document in documents:
         for comparison in document["comparisons"]:
@@ -159,6 +193,9 @@ def quoted_numbers(documents: Sequence[Mapping[str, Any]]) -> set[str]:
                 for key, diff in (arm.get("paired") or {}).items():
                     kind = "num" if "strategies" in key else "pct"
                     numbers.add(_SEEDS.sub("", _fmt_paired(diff, kind)))
+            kind = (comparison.get("primary_metric") or {}).get("kind", "pct")
+            for contrast in comparison.get("contrasts") or []:
+                numbers.add(_SEEDS.sub("", _fmt_paired(contrast, kind)))
     return numbers
 
 

@@ -1,13 +1,12 @@
 """Aggregate runs over seeds; write ``comparison.json``, ``table.md`` and ``curves.png``.
 
-Seed noise: an arm's difference to the comparison's reference arm (its first arm, the matched
-on-policy GRPO run) is called *within seed noise* when it is smaller than two standard errors
-of the difference, ``2 * sqrt(s_a^2 / n_a + s_r^2 / n_r)`` (s: the sample standard deviation over
-seeds). With 3 seeds this is a coarse screen, not a significance test.
-
-Paired by seed (``verl_replay.compare.paired``): per seed ``arm - reference`` of the final value,
-of the mean over all evaluations and of the value at the reference's fresh-response budget, with
-the mean difference's 95% t interval over the seeds both arms finished.
+Every statement about two arms is paired by seed (``verl_replay.compare.paired``): per seed
+``arm - reference`` of the final value, of the mean over the post-training evaluations (the one
+before training is the same in every arm of a seed, so it is left out) and of the value at the
+reference's fresh-response budget, with the mean difference's 95% t interval over the seeds both
+arms finished. Verdicts come from those intervals only (``verl_replay.compare.contrasts``); the
+per-arm mean ± std columns describe the arms, they do not compare them. Seeds that collapsed
+are counted per arm.
 """
 
 from __future__ import annotations
@@ -18,13 +17,17 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from verl_replay._files import atomic_write_text
-from verl_replay.compare.contrasts import CONTRASTS, contrast_result, primary_measure
-from verl_replay.compare.paired import curve_auc, paired_difference, value_at_fresh_responses
+from verl_replay.compare.contrasts import CONTRASTS, collapsed, contrast_result, primary_measure, verdict
+from verl_replay.compare.paired import (
+    curve_auc,
+    paired_difference,
+    post_training_mean,
+    value_at_fresh_responses,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
     "mean_std",
-    "noise_verdict",
     "aggregate",
     "gain_over_start",
     "reaggregate",
@@ -36,15 +39,19 @@ __all__ = [
     "write_outputs",
 ]
 
-SCHEMA_VERSION = 2  # 2: paired differences, the mean over evaluations, fresh responses per point
+# 2: paired differences, the mean over evaluations, fresh responses per point; 3: the primary metric,
+# contrasts, post-training means, collapsed seeds, verdicts from paired intervals only
+SCHEMA_VERSION = 3
 
 # what an arm of a comparison document carries besides its results
 _ARM_META = ("name", "label", "recipe", "fresh_prompts_per_step")
 
 # (key in a run's result, column title, formatter kind)
 _HD_COLUMNS = [
+    ("final_exact", "exact accuracy (final)", "pct"),
+    ("post_exact", "exact accuracy (post-training)", "pct"),
     ("final_mean", "Mean@{n} (final)", "pct"),
-    ("auc_mean", "Mean@{n} (all evaluations)", "pct"),
+    ("post_mean", "Mean@{n} (post-training)", "pct"),
     ("final_best", "Best@{n} (final)", "pct"),
     ("fresh_responses", "fresh responses", "int"),
     ("step_time_s", "s / step", "sec"),
@@ -54,7 +61,7 @@ _HD_COLUMNS = [
 ]
 _ELITE_COLUMNS = [
     ("final_mean", "val Mean@{n} (final)", "pct"),
-    ("auc_mean", "val Mean@{n} (all evaluations)", "pct"),
+    ("post_mean", "val Mean@{n} (post-training)", "pct"),
     ("eval:pass@1", "pass@1", "pct"),
     ("eval:pass@{kmax}", "pass@{kmax}", "pct"),
     ("eval:distinct_strategies", "distinct correct strategies", "num"),
@@ -76,22 +83,6 @@ def mean_std(values: Sequence[float]) -> tuple[Optional[float], Optional[float],
     return mean, math.sqrt(var), len(finite)
 
 
-def noise_verdict(arm: Mapping[str, Any], ref: Mapping[str, Any]) -> str:
-    """``higher`` / ``lower`` / ``within noise`` for the difference of two ``{"mean", "std", "n"}``
-    (two standard errors; ``n/a`` without two seeds on both sides)."""
-    if arm.get("mean") is None or ref.get("mean") is None:
-        return "n/a"
-    if (arm.get("n") or 0) < 2 or (ref.get("n") or 0) < 2:
-        return "n/a"
-    diff = arm["mean"] - ref["mean"]
-    se = math.sqrt(arm["std"] ** 2 / arm["n"] + ref["std"] ** 2 / ref["n"])
-    if se == 0.0:
-        return "within noise" if diff == 0 else ("higher" if diff > 0 else "lower")
-    if abs(diff) < 2.0 * se:
-        return "within noise"
-    return "higher" if diff > 0 else "lower"
-
-
 def _value(result: Mapping[str, Any], key: str) -> Optional[float]:
     if key.startswith("eval:"):
         ev = result.get("eval") or {}
@@ -106,6 +97,8 @@ def _curve_stats(curves: Sequence[Sequence[Mapping[str, float]]], field: str) ->
     fresh: dict[int, Any] = {}
     for curve in curves:
         for point in curve:
+            if point.get(field) is None:  # the exact metric: only where a run computed it
+                continue
             by_step.setdefault(int(point["step"]), []).append(float(point[field]))
             fresh.setdefault(int(point["step"]), point.get("fresh_responses"))
     out = []
@@ -118,9 +111,11 @@ def _curve_stats(curves: Sequence[Sequence[Mapping[str, float]]], field: str) ->
 # (name in "paired", title in the table)
 PAIRED_MEASURES = (
     ("final_mean", "final"),
-    ("auc_mean", "all evaluations"),
+    ("post_mean", "post-training evaluations"),
     ("mean_at_reference_fresh", "at the reference's fresh responses"),
 )
+# the exact metric, paired where the runs computed it
+_EXACT_KEYS = ("final_exact", "post_exact")
 
 
 def eval_measures(kmax: Optional[int]) -> tuple[tuple[str, str, str], ...]:
@@ -139,13 +134,14 @@ def paired_vs_reference(
     ref_runs: Mapping[int, Mapping[str, Any]],
     extra_keys: Sequence[str] = (),
 ) -> dict[str, dict[str, Any]]:
-    """Per measure (validation Mean@n final and over all evaluations, then ``extra_keys``),
-    ``arm - reference`` paired by seed (``paired_difference``)."""
+    """Per measure (validation Mean@n final and over the post-training evaluations, the exact
+    metric where the runs have it, then ``extra_keys``), ``arm - reference`` paired by seed
+    (``paired_difference``) with its verdict."""
     out = {
         key: paired_difference(
             {s: _value(r, key) for s, r in arm_runs.items()}, {s: _value(r, key) for s, r in ref_runs.items()}
         )
-        for key in ("final_mean", "auc_mean", *extra_keys)
+        for key in ("final_mean", "post_mean", *_EXACT_KEYS, *extra_keys)
     }
     at_budget = {}
     for seed, result in arm_runs.items():
@@ -156,6 +152,8 @@ def paired_vs_reference(
     out["mean_at_reference_fresh"] = paired_difference(
         at_budget, {s: _value(r, "final_mean") for s, r in ref_runs.items()}
     )
+    for diff in out.values():
+        diff["verdict"] = verdict(diff)
     return out
 
 
@@ -182,9 +180,9 @@ def aggregate(
     target_effect: Optional[float] = None,
 ) -> dict[str, Any]:
     """One comparison: per arm the per-seed results, mean / std / n per column, the validation
-    curves' mean / std per step, and the noise verdict against the first arm; the primary
-    metric and every contrast of the comparison whose two arms ran (``target_effect``: the
-    effect, in the primary metric's units, the seeds are sized for)."""
+    curves' mean / std per step, the collapsed seeds and the differences to the first arm paired
+    by seed; the primary metric and every contrast of the comparison whose two arms ran
+    (``target_effect``: the effect, in the primary metric's units, the seeds are sized for)."""
     columns = _HD_COLUMNS if comparison == "headroom_drift" else _ELITE_COLUMNS
     all_results = [r for arm in arms for r in runs.get(arm["name"], {}).values()]
     kmax = _kmax(all_results)
@@ -207,8 +205,10 @@ def aggregate(
                 "summary": summary,
                 "curve_mean": _curve_stats([r["val_curve"] for r in results], "mean"),
                 "curve_best": _curve_stats([r["val_curve"] for r in results], "best"),
+                "curve_exact": _curve_stats([r["val_curve"] for r in results], "exact"),
                 "runs": {str(s): dict(seeds[s]) for s in sorted(seeds)},
                 "gain": gain_over_start(seeds),
+                "collapsed_seeds": [s for s in sorted(seeds) if collapsed(seeds[s])],
             }
         )
     if out_arms:
@@ -217,17 +217,8 @@ def aggregate(
         extra = [key for key, _, _ in eval_measures(kmax)] if comparison == "elite" else []
         for arm in out_arms[1:]:
             arm["paired"] = paired_vs_reference(runs.get(arm["name"], {}), ref_runs, extra)
-        for arm in out_arms:
-            arm["vs_reference"] = {
-                key: noise_verdict(arm["summary"][key], ref["summary"][key])
-                for key in ("final_mean", "final_best")
-                if key in arm["summary"]
-            }
-            if kmax is not None and f"eval:pass@{kmax}" in arm["summary"]:
-                for key in ("eval:pass@1", f"eval:pass@{kmax}", "eval:distinct_strategies"):
-                    arm["vs_reference"][key] = noise_verdict(arm["summary"][key], ref["summary"][key])
     val_ns = {int(r["val_n"]) for r in all_results}
-    primary = primary_measure(all_results)
+    primary = primary_measure(all_results, comparison)
     names = {arm["name"] for arm in arms}
     contrasts = [
         contrast_result(c, runs.get(c.arm, {}), runs.get(c.reference, {}), primary[0], target_effect)
@@ -247,9 +238,9 @@ def aggregate(
 
 
 def _with_fresh_responses(result: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored run's result with what a document written before paired statistics lacks: each
-    validation point's fresh responses (its step x the run's fresh responses per step) and the
-    mean over evaluations."""
+    """A stored run's result with what a document written before today's statistics lacks: each
+    validation point's fresh responses (its step x the run's fresh responses per step), the mean
+    over evaluations and the means over the post-training ones."""
     result = dict(result)
     per_step = float(result["fresh_responses"]) / max(1, int(result["steps"]))
     curve = [dict(p) for p in result.get("val_curve", [])]
@@ -258,6 +249,11 @@ def _with_fresh_responses(result: Mapping[str, Any]) -> dict[str, Any]:
     result["val_curve"] = curve
     if result.get("auc_mean") is None:
         result["auc_mean"] = curve_auc(curve)
+    for key, field in (("post_mean", "mean"), ("post_exact", "exact")):
+        if result.get(key) is None:
+            result[key] = post_training_mean(curve, field)
+    if result.get("final_exact") is None and curve:
+        result["final_exact"] = curve[-1].get("exact")
     return result
 
 
@@ -272,7 +268,8 @@ def reaggregate(document: Mapping[str, Any]) -> dict[str, Any]:
             arm["name"]: {int(seed): _with_fresh_responses(result) for seed, result in arm["runs"].items()}
             for arm in comp["arms"]
         }
-        comparisons.append(aggregate(comp["comparison"], arms, runs, target_effect=comp.get("target_effect")))
+        target = comp.get("target_effect", (document.get("settings") or {}).get("target_effect"))
+        comparisons.append(aggregate(comp["comparison"], arms, runs, target_effect=target))
     out["comparisons"] = comparisons
     out["schema_version"] = SCHEMA_VERSION
     return out
@@ -303,7 +300,7 @@ def format_contrasts(comp: Mapping[str, Any]) -> list[str]:
         return []
     labels = {arm["name"]: arm["label"] for arm in comp["arms"]}
     kind, target = primary["kind"], comp.get("target_effect")
-    scale, unit = (100.0, " points") if kind == "pct" else (1.0, "")
+    scale, unit, spec = (100.0, " points", ".1f") if kind == "pct" else (1.0, "", ".2f")
     needs = f"; seeds: how many the observed SD needs for an MDE of {scale * target:g}{unit}" if target else ""
     lines = [
         f"Contrasts on the primary metric ({primary['title']}): arm - reference{unit}, paired by seed, "
@@ -315,16 +312,18 @@ def format_contrasts(comp: Mapping[str, Any]) -> list[str]:
     ]
     for c in contrasts:
         name = f"{labels.get(c['arm'], c['arm'])} - {labels.get(c['reference'], c['reference'])}"
-        mde = "–" if c.get("mde") is None else format(scale * c["mde"], ".1f")
+        mde = "–" if c.get("mde") is None else format(scale * c["mde"], spec)
         needed = c.get("seeds_for_target")
         seeds = f"{c['n']} (needs {needed})" if needed is not None else str(c["n"])
-        cells = [name, "yes" if c["main"] else "", _fmt_paired(c, kind).rsplit(" (", 1)[0], c["verdict"], mde, seeds]
+        # a bimodal contrast is read from its counts of collapsed seeds (in the verdict)
+        difference = "see counts" if c.get("bimodal") else _fmt_paired(c, kind).rsplit(" (", 1)[0]
+        cells = [name, "yes" if c["main"] else "", difference, c["verdict"], mde, seeds]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
 
-def format_table(comp: Mapping[str, Any]) -> str:
-    """Markdown: one row per arm, mean ± std over seeds, then the contrasts and the noise verdicts."""
+def _table_columns(comp: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(key, title, kind) of the table's columns: the comparison's, less those no arm has."""
     columns = _HD_COLUMNS if comp["comparison"] == "headroom_drift" else _ELITE_COLUMNS
     n, kmax = comp.get("val_n") or "n", comp.get("pass_k_max")
     cols = []
@@ -333,29 +332,52 @@ def format_table(comp: Mapping[str, Any]) -> str:
             if kmax is None:
                 continue
             key, title = key.format(kmax=kmax), title.format(kmax=kmax)
+        if not any((arm["summary"].get(key) or {}).get("n") for arm in comp["arms"]):
+            continue
         cols.append((key, title.format(n=n, kmax=kmax), kind))
-    head = ["arm", "seeds"] + [title for _, title, _ in cols]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * len(cols)]
+    return cols
+
+
+def _collapsed_cell(arm: Mapping[str, Any]) -> str:
+    return f"{len(arm.get('collapsed_seeds') or [])} of {len(arm['seeds'])}"
+
+
+def _learning_line(arm: Mapping[str, Any]) -> str:
+    """Final - before training; an arm whose seeds split into collapsed and learning runs is
+    given as counts, not as a mean with an interval."""
+    collapsed_seeds, n = arm.get("collapsed_seeds") or [], len(arm["seeds"])
+    if 0 < len(collapsed_seeds) < n:
+        return (
+            f"- {arm['label']}: bimodal, {len(collapsed_seeds)} of {n} seeds collapsed "
+            f"(seeds {', '.join(map(str, collapsed_seeds))}); no interval"
+        )
+    return f"- {arm['label']}: {_fmt_gain(arm.get('gain', {}))}"
+
+
+def format_table(comp: Mapping[str, Any]) -> str:
+    """Markdown: one row per arm (mean ± std over seeds, collapsed seeds), the contrasts, learning
+    within each arm, and every arm against the reference paired by seed."""
+    n, kmax = comp.get("val_n") or "n", comp.get("pass_k_max")
+    cols = _table_columns(comp)
+    head = ["arm", "seeds", *[title for _, title, _ in cols], "collapsed"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(cols) + 1)]
     for arm in comp["arms"]:
         cells = [arm["label"], str(len(arm["seeds"]))] + [_fmt(arm["summary"].get(k, {}), kind) for k, _, kind in cols]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join([*cells, _collapsed_cell(arm)]) + " |")
+    lines.append("")
+    lines.append(
+        f"Mean ± std over seeds, to describe each arm (comparisons are paired, below); collapsed: seeds whose "
+        f"final Mean@{n} is below their Mean@{n} before training."
+    )
     lines.append("")
     lines.extend(format_contrasts(comp))
     lines.append(
         f"Learning within a run: final - before training of Mean@{n} in points, "
         "mean [95% t interval] over seeds (mean / standard error):"
     )
-    for arm in comp["arms"]:
-        lines.append(f"- {arm['label']}: {_fmt_gain(arm.get('gain', {}))}")
+    lines.extend(_learning_line(arm) for arm in comp["arms"])
     ref = next((a for a in comp["arms"] if a["name"] == comp["reference_arm"]), None)
     if ref is not None and len(comp["arms"]) > 1:
-        lines.append("")
-        lines.append(f"Against {ref['label']} (difference vs 2 standard errors over seeds):")
-        for arm in comp["arms"][1:]:
-            verdicts = ", ".join(
-                f"{dict((k, t) for k, t, _ in cols).get(k, k)}: {v}" for k, v in arm.get("vs_reference", {}).items()
-            )
-            lines.append(f"- {arm['label']}: {verdicts}")
         lines.append("")
         lines.append(
             f"Paired by seed ({ref['label']} as reference): arm - reference of Mean@{n} in points, "
@@ -447,51 +469,192 @@ def _fmt_gain(gain: Mapping[str, Any]) -> str:
     return text
 
 
+# the figure is read at README width (~900 px): one row of three panels per comparison
+_FIGURE_WIDTH_IN, _ROW_HEIGHT_IN, _DPI = 11.0, 3.4, 100
+_MARKERS = "osD^vP*X"
+
+
+def _curve_field(comp: Mapping[str, Any]) -> tuple[str, str]:
+    """The curve the plots draw first: the exact metric where every arm has it, else Mean@n."""
+    has_exact = all(arm.get("curve_exact") for arm in comp["arms"] if arm["seeds"])
+    n = comp.get("val_n") or "n"
+    return ("exact", "exact accuracy") if has_exact else ("mean", f"sampled Mean@{n}")
+
+
+def _seed_curves(arm: Mapping[str, Any], field: str) -> dict[int, dict[int, float]]:
+    """seed -> step -> value of ``field`` (points without it left out)."""
+    return {
+        int(seed): {int(p["step"]): float(p[field]) for p in result.get("val_curve", []) if p.get(field) is not None}
+        for seed, result in (arm.get("runs") or {}).items()
+    }
+
+
+def _draw_arm_curves(
+    ax: Any, comp: Mapping[str, Any], field: str, x_scale: Optional[Mapping[str, float]] = None
+) -> None:
+    """Per arm: every seed as a thin line, the mean over seeds bold (``x_scale``: arm name -> x
+    units per step, e.g. its fresh responses per step; default the step itself)."""
+    for i, arm in enumerate(comp["arms"]):
+        seeds = _seed_curves(arm, field)
+        color, per_step = f"C{i}", (x_scale or {}).get(arm["name"], 1.0)
+        for values in seeds.values():
+            steps = sorted(values)
+            ax.plot([per_step * s for s in steps], [100 * values[s] for s in steps], color=color, lw=0.6, alpha=0.35)
+        steps = sorted({s for values in seeds.values() for s in values})
+        means = [mean_std([v[s] for v in seeds.values() if s in v])[0] for s in steps]
+        xs = [per_step * s for s in steps]
+        ax.plot(xs, [100 * m for m in means], color=color, lw=2.0, marker=_MARKERS[i % len(_MARKERS)], ms=4)
+
+
+def _fresh_per_step(comp: Mapping[str, Any]) -> dict[str, float]:
+    """Arm name -> fresh responses per global step (from its curve's last point)."""
+    out = {}
+    for arm in comp["arms"]:
+        points = [p for p in arm.get("curve_mean", []) if p.get("fresh_responses") and p["step"]]
+        if points:
+            out[arm["name"]] = float(points[-1]["fresh_responses"]) / int(points[-1]["step"])
+    return out
+
+
+def _is_control(arm: Mapping[str, Any]) -> bool:
+    return "control" in arm["name"] or str(arm.get("label", "")).startswith("control")
+
+
+# the comparisons' names in plots
+_COMPARISON_TITLES = {"headroom_drift": "Headroom-Drift Replay comparison", "elite": "EliteReplay comparison"}
+
+
+def _draw_paired_differences(ax: Any, comp: Mapping[str, Any], field: str) -> None:
+    """Per arm and evaluation step: arm - reference paired by seed, mean with its 95% interval.
+    Controls are left out: they fall by tens of points and would flatten every other arm (the
+    first panel shows them)."""
+    ref = next((a for a in comp["arms"] if a["name"] == comp.get("reference_arm")), None)
+    if ref is None:
+        return
+    ref_seeds = _seed_curves(ref, field)
+    others = [(i, arm) for i, arm in enumerate(comp["arms"]) if arm is not ref and not _is_control(arm)]
+    offset_step = 0.012 * max((s for v in ref_seeds.values() for s in v), default=1)
+    for k, (i, arm) in enumerate(others):
+        seeds = _seed_curves(arm, field)
+        steps = sorted({s for v in seeds.values() for s in v if s > 0})
+        xs, ys, lows, highs = [], [], [], []
+        for step in steps:
+            diff = paired_difference(
+                {seed: v.get(step) for seed, v in seeds.items()}, {seed: v.get(step) for seed, v in ref_seeds.items()}
+            )
+            if diff["mean"] is None:
+                continue
+            xs.append(step + (k - (len(others) - 1) / 2) * offset_step)
+            ys.append(100 * diff["mean"])
+            lows.append(100 * (diff["mean"] - (diff["low"] if diff["low"] is not None else diff["mean"])))
+            highs.append(100 * ((diff["high"] if diff["high"] is not None else diff["mean"]) - diff["mean"]))
+        ax.errorbar(
+            xs, ys, yerr=[lows, highs], color=f"C{i}", marker=_MARKERS[i % len(_MARKERS)], ms=4, lw=1.2, capsize=2
+        )
+    ax.axhline(0.0, color="black", lw=0.8)
+
+
+def _draw_strategies(ax: Any, comp: Mapping[str, Any]) -> bool:
+    """Distinct right query shapes per question at the last checkpoint: every seed a dot, the
+    arm's mean a bar. False when no run was evaluated."""
+    drawn = False
+    for i, arm in enumerate(comp["arms"]):
+        values = [
+            float(r["eval"]["distinct_strategies"])
+            for r in (arm.get("runs") or {}).values()
+            if (r.get("eval") or {}).get("distinct_strategies") is not None
+        ]
+        if not values:
+            continue
+        drawn = True
+        ax.bar(i, sum(values) / len(values), color=f"C{i}", alpha=0.35, width=0.6)
+        ax.scatter([i] * len(values), values, color=f"C{i}", marker=_MARKERS[i % len(_MARKERS)], s=18, zorder=3)
+    ax.set_xticks(range(len(comp["arms"])), [str(j + 1) for j in range(len(comp["arms"]))])
+    ax.set_xlabel("arm (numbered as in the legend)")
+    ax.set_ylabel("distinct right shapes / question")
+    ax.set_title("Distinct right query shapes (last checkpoint)", fontsize=10)
+    return drawn
+
+
+def _eval_steps(comp: Mapping[str, Any]) -> list[int]:
+    return sorted({int(p["step"]) for arm in comp["arms"] for p in arm.get("curve_mean", [])})
+
+
 def plot_curves(comparisons: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Validation Mean@n and Best@n over global steps and Mean@n over fresh responses, one line per
-    arm (mean over seeds, band: ± one standard deviation); one row of three panels per comparison."""
+    """One row per comparison: the primary curve by global step (thin lines: seeds; bold: their
+    mean), every arm minus the reference paired by seed with 95% intervals, and the third
+    panel: distinct right query shapes (elite) or sampled Mean@n (when the first is exact);
+    one legend per row, outside the axes, ticks at the evaluation steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.lines import Line2D
 
     rows = max(1, len(comparisons))
-    fig, axes = plt.subplots(rows, 3, figsize=(16, 3.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, 3, figsize=(_FIGURE_WIDTH_IN, _ROW_HEIGHT_IN * rows + 0.9 * rows), squeeze=False)
     for row, comp in enumerate(comparisons):
+        field, name = _curve_field(comp)
+        steps = _eval_steps(comp)
+        first, paired, third = axes[row]
+        _draw_arm_curves(first, comp, field)
+        first.set_title(f"{name} (thin: seeds)", fontsize=10)
+        first.set_ylabel(f"{name} (%)")
+        ref_label = next((a["label"] for a in comp["arms"] if a["name"] == comp.get("reference_arm")), "reference")
+        _draw_paired_differences(paired, comp, field)
+        paired.set_title(f"minus {ref_label.split(' (')[0]}, paired (95%; no controls)", fontsize=10)
+        paired.set_ylabel("difference (points)")
         n = comp.get("val_n") or "n"
-        panels = (
-            ("curve_mean", f"Mean@{n}", "step"),
-            ("curve_best", f"Best@{n}", "step"),
-            ("curve_mean", f"Mean@{n}", "fresh_responses"),
-        )
-        for col, (field, name, x_key) in enumerate(panels):
-            ax = axes[row][col]
-            for arm in comp["arms"]:
-                pts = [p for p in arm[field] if p["mean"] is not None and p.get(x_key) is not None]
-                if not pts:
-                    continue
-                xs = [p[x_key] for p in pts]
-                ys = [100.0 * p["mean"] for p in pts]
-                (line,) = ax.plot(xs, ys, marker="o", label=f"{arm['label']} ({len(arm['seeds'])} seeds)")
-                lo = [100.0 * (p["mean"] - (p["std"] or 0.0)) for p in pts]
-                hi = [100.0 * (p["mean"] + (p["std"] or 0.0)) for p in pts]
-                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
-            by = "global step" if x_key == "step" else "fresh responses"
-            ax.set_title(f"{comp['comparison']}: validation {name} by {by}")
-            ax.set_xlabel(by)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_ylabel(f"{name} (%)")
+        by_step = [first, paired]
+        if comp["comparison"] == "elite" and _draw_strategies(third, comp):
+            pass
+        elif field == "exact":
+            _draw_arm_curves(third, comp, "mean")
+            third.set_title(f"sampled Mean@{n} (thin: seeds)", fontsize=10)
+            third.set_ylabel("accuracy (%)")
+            by_step.append(third)
+        else:
+            _draw_arm_curves(third, comp, "mean", _fresh_per_step(comp))
+            third.set_title(f"sampled Mean@{n} by fresh responses", fontsize=10)
+            third.set_ylabel("accuracy (%)")
+            third.set_xlabel("fresh responses")
+        for ax in by_step:
+            ax.set_xticks(steps)
+            ax.set_xlabel("global step")
+        for ax in (first, paired, third):
             ax.grid(alpha=0.3)
-            if ax.lines:
-                ax.legend(fontsize=7)
-            else:
-                ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
-    fig.tight_layout()
+            ax.tick_params(labelsize=8)
+        handles = [
+            Line2D(
+                [],
+                [],
+                color=f"C{i}",
+                marker=_MARKERS[i % len(_MARKERS)],
+                lw=2,
+                label=f"{i + 1}. {arm['label']} ({len(arm['seeds'])} seeds)",
+            )
+            for i, arm in enumerate(comp["arms"])
+        ]
+        top = 1 - row / rows
+        fig.legend(
+            handles=handles,
+            loc="upper center",
+            bbox_to_anchor=(0.5, top - 0.005),
+            ncol=min(3, len(handles)),
+            fontsize=8,
+            frameon=False,
+            title=_COMPARISON_TITLES.get(comp["comparison"], comp["comparison"]),
+            title_fontsize=9,
+        )
+    fig.tight_layout(rect=(0, 0, 1, 1), h_pad=3.0)
+    for row in range(rows):  # room above each row for its legend
+        for ax in axes[row]:
+            box = ax.get_position()
+            ax.set_position([box.x0, box.y0, box.width, box.height * 0.78])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    fig.savefig(tmp, dpi=_DPI)
     plt.close(fig)
     tmp.replace(path)
     return path
