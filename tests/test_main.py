@@ -235,6 +235,22 @@ def test_the_exact_metric_setting_is_checked_before_ray(tmp_path, override, mess
     assert result.returncode == 2 and result.stderr.splitlines() == [message]
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (("sampled_val=sometimes",), "verl_replay: sampled_val=sometimes is not one of every, ends"),
+        (
+            ("sampled_val=ends", "exact_eval=false"),
+            "verl_replay: sampled_val=ends measures only the exact metric between the first and the last "
+            "validation, but exact_eval=false turns it off: set sampled_val=every or exact_eval=auto",
+        ),
+    ],
+)
+def test_the_sampled_validation_setting_is_checked_before_ray(tmp_path, overrides, message):
+    result, _ = run_cli(tmp_path, *overrides)
+    assert result.returncode == 2 and result.stderr.splitlines() == [message]
+
+
 # A stand-in for verl's loop: prints and warns like verl and its workers, writes metrics the way
 # verl's file logger does, prints at interpreter exit like Ray's shutdown; or fails.
 FAKE_VERL = textwrap.dedent(r"""

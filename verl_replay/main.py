@@ -476,6 +476,21 @@ def check_exact_eval(config: DictConfig) -> None:
         )
 
 
+def check_sampled_val(config: DictConfig) -> None:
+    """``sampled_val`` is every / ends; ends without an exact metric (exact_eval=false) would leave
+    the evaluations between the ends empty."""
+    from verl_replay.eval.sampling import SAMPLED_VAL_MODES
+
+    mode = str(config.get("sampled_val", "every")).lower()
+    if mode not in SAMPLED_VAL_MODES:
+        raise StartupError(f"sampled_val={config.get('sampled_val')} is not one of {', '.join(SAMPLED_VAL_MODES)}")
+    if mode == "ends" and str(config.get("exact_eval", "auto")).lower() == "false":
+        raise StartupError(
+            "sampled_val=ends measures only the exact metric between the first and the last validation, "
+            "but exact_eval=false turns it off: set sampled_val=every or exact_eval=auto"
+        )
+
+
 def check_tiny_task(config: DictConfig) -> None:
     """``tiny_task`` (platform=cpu_tiny) names one of the tiny tasks; the config picks its files by it."""
     task = config.get("tiny_task")
@@ -505,6 +520,7 @@ def startup_checks(config: DictConfig, now: datetime) -> tuple[ReplayConfig, Dic
         raise StartupError(f"the config does not resolve: {_first_line(error)}") from None
     check_required(probe)
     check_exact_eval(probe)
+    check_sampled_val(probe)
     check_replay_settings(probe, replay_config)
     if probe.get("dry_run", False):  # composes and validates only: paths may name another machine
         check_verl_config(probe)

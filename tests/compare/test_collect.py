@@ -109,6 +109,24 @@ def test_the_exact_metric_is_read_per_evaluation_and_macro_averaged(tmp_path):
     assert r["post_mean"] == pytest.approx(0.35)
 
 
+def test_a_validation_with_only_the_exact_metric_is_a_point_without_sampled_values(tmp_path):
+    """sampled_val=ends: verl samples before training and at the last step; in between only the
+    exact metric. The post-training exact mean reads every point, the sampled numbers the ends."""
+    lines = [
+        (0, {**_val(0.1, 0.2), "val-exact/tiny_arith/acc/expected": 0.15}),
+        (1, {"timing_s/step": 1.0, "val-exact/tiny_arith/acc/expected": 0.3}),
+        (2, {"timing_s/step": 1.0, **_val(0.4, 0.6), "val-exact/tiny_arith/acc/expected": 0.5}),
+    ]
+    r = collect_run(_write_run(tmp_path, lines), expected_steps=2)
+    assert [(p["step"], p["mean"], p["exact"]) for p in r["val_curve"]] == [
+        (0, 0.1, 0.15),
+        (1, None, 0.3),
+        (2, 0.4, 0.5),
+    ]
+    assert r["post_exact"] == pytest.approx(0.4) and r["final_exact"] == 0.5
+    assert r["final_mean"] == 0.4 and r["post_mean"] == 0.4 and r["val_n"] == 2
+
+
 def test_naive_replay_has_no_replay_kl(tmp_path):
     """Naive replay never scores its groups: no KL key in its metrics, None in the comparison."""
     lines = [

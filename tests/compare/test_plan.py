@@ -106,6 +106,8 @@ def test_arith_profile_runs_the_headroom_drift_comparison_on_the_addition_task(t
         assert run.env["TINY_TASK"] == "arith" and run.env["TINY"] == "1" and run.env["STAGES"] == "train"
         assert run.env["TOTAL_STEPS"] == "60" and run.env["TEST_FREQ"] == "10" and run.env["VAL_N"] == "2"
         assert run.env["GROUP_SIZE"] == "8" and run.env["PPO_MINI_PROMPTS"] == "4"
+        # the exact metric carries the curve: verl samples only before training and at the end
+        assert run.argv[-1] == "sampled_val=ends"
     # the addition task has no SQL archive: the elite comparison is refused, naming what runs
     with pytest.raises(ValueError, match="arith profile has no task for elite; it runs headroom_drift"):
         _plan(tmp_path, profile=arith_profile())

@@ -91,20 +91,28 @@ def _macro(data: dict[str, Any], pattern: re.Pattern[str]) -> Optional[tuple[flo
 
 
 def val_curve(metrics: list[tuple[int, dict[str, Any]]]) -> list[dict[str, float]]:
-    """``[{"step", "mean", "best", "n"}]`` for every step that ran verl's validation, with
-    ``"exact"`` (the exact expected accuracy) where the run computed it."""
+    """``[{"step", "mean", "best", "n"}]`` for every step that validated, with ``"exact"`` (the
+    exact expected accuracy) where the run computed it; a validation that measured only the exact
+    metric (``sampled_val=ends``) has ``mean``, ``best`` and ``n`` None."""
     curve = []
     for step, data in metrics:
-        mean, best = _macro(data, _MEAN), _macro(data, _BEST)
-        if mean is None:
+        mean, best, exact = _macro(data, _MEAN), _macro(data, _BEST), _macro(data, _EXACT)
+        if mean is None and exact is None:
             continue
-        point = {"step": step, "mean": mean[0], "n": mean[1]}
-        point["best"] = best[0] if best is not None else mean[0]  # n = 1: best@1 == mean@1
-        exact = _macro(data, _EXACT)
+        point: dict[str, Any] = {"step": step, "mean": None, "best": None, "n": None}
+        if mean is not None:
+            point.update(mean=mean[0], n=mean[1])
+            point["best"] = best[0] if best is not None else mean[0]  # n = 1: best@1 == mean@1
         if exact is not None:
             point["exact"] = exact[0]
         curve.append(point)
     return curve
+
+
+def _last_sampled(curve: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last point with verl's sampled metrics (the curve's last point, unless that validation
+    measured only the exact metric)."""
+    return next((p for p in reversed(curve) if p["mean"] is not None), curve[-1])
 
 
 def _avg(values: list[float]) -> Optional[float]:
@@ -229,14 +237,14 @@ def collect_run(run_dir: Path, expected_steps: Optional[int] = None) -> dict[str
         # on CPU but cold caches): reported separately so it does not dominate short runs
         "step_time_s_after_first": _avg(step_times[1:]) if len(step_times) > 1 else None,
         "val_curve": curve,
-        "final_mean": curve[-1]["mean"],
-        "final_best": curve[-1]["best"],
+        "final_mean": _last_sampled(curve)["mean"],
+        "final_best": _last_sampled(curve)["best"],
         "auc_mean": curve_auc(curve, "mean"),
         "post_mean": post_training_mean(curve, "mean"),
         # the exact expected accuracy, where the run computed it (None otherwise)
         "final_exact": curve[-1].get("exact"),
         "post_exact": post_training_mean(curve, "exact"),
-        "val_n": curve[-1]["n"],
+        "val_n": _last_sampled(curve)["n"],
         # over the steps that scanned / replayed anything (the first step has an empty buffer)
         # accepted over scanned groups of the whole run (a mean of per-step rates would weigh a
         # step that scanned 2 groups like one that scanned 200)

@@ -76,10 +76,10 @@ def collapsed(result: Mapping[str, Any]) -> Optional[bool]:
     run that ends below its start has diverged (GRPO that lost a part of the questions for good,
     or a random-reward control), whatever its exact final value (None: no evaluation before
     training in its curve)."""
-    curve = result.get("val_curve") or []
+    curve = [p for p in result.get("val_curve") or [] if p.get("mean") is not None]  # sampled points
     if len(curve) < 2 or int(curve[0]["step"]) != 0:
         return None
-    start, final = curve[0].get("mean"), curve[-1].get("mean")
+    start, final = curve[0]["mean"], curve[-1]["mean"]
     if not (_finite(start) and _finite(final)):
         return None
     return float(final) < float(start)

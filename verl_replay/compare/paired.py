@@ -183,5 +183,9 @@ def value_at_fresh_responses(
 ) -> Optional[float]:
     """``field`` at the last evaluation taken after at most ``budget`` fresh responses (points
     carry ``fresh_responses``): how far an arm got on the reference's rollout budget."""
-    within = [p for p in curve if p.get("fresh_responses") is not None and float(p["fresh_responses"]) <= budget]
+    within = [
+        p
+        for p in curve
+        if p.get("fresh_responses") is not None and float(p["fresh_responses"]) <= budget and p.get(field) is not None
+    ]
     return float(within[-1][field]) if within else None

@@ -163,7 +163,8 @@ def gain_over_start(runs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     start = {}
     for seed, result in runs.items():
         curve = result.get("val_curve") or []
-        start[seed] = float(curve[0]["mean"]) if curve and int(curve[0]["step"]) == 0 else None
+        first = curve[0] if curve else {}
+        start[seed] = float(first["mean"]) if first.get("mean") is not None and int(first["step"]) == 0 else None
     return paired_difference({s: _value(r, "final_mean") for s, r in runs.items()}, start)
 
 

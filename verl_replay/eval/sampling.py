@@ -9,10 +9,22 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-__all__ = ["EXACT_EVAL_MODES", "sampling_is_plain"]
+__all__ = ["EXACT_EVAL_MODES", "SAMPLED_VAL_MODES", "sampled_validation_due", "sampling_is_plain"]
 
 # exact_eval: auto (on where it applies), true (refuse to start where it does not), false (off)
 EXACT_EVAL_MODES = ("auto", "true", "false")
+# sampled_val: every (verl's sampled validation at every validation), ends (only before training
+# and at the last step; the exact metric alone in between)
+SAMPLED_VAL_MODES = ("every", "ends")
+
+
+def sampled_validation_due(mode: str, step: int, total_steps: int, exact_metric: bool) -> bool:
+    """Whether a validation at global step ``step`` (0: before training) samples. ``ends`` samples
+    before training and at the last step only, and only when the exact metric covers the steps
+    between; without it every validation samples."""
+    if mode == "every" or not exact_metric:
+        return True
+    return step == 0 or step >= total_steps
 
 
 def sampling_is_plain(val_kwargs: Mapping[str, Any]) -> Optional[str]:

@@ -20,7 +20,7 @@ import torch
 from verl_replay.rewards import is_exact_answer_source
 
 # what this file's verl run takes on 2 cores (tests/conftest.py starts the longest first)
-E2E_SECONDS = 150
+E2E_SECONDS = 165
 SAMPLES = 16  # validation responses per question
 
 pytestmark = pytest.mark.e2e
@@ -67,17 +67,20 @@ def test_the_exact_metric_matches_a_plain_forward_and_the_sampled_accuracy(run_m
         f"data.val_files={val_file}",
         "exact_eval=true",
         "actor_rollout_ref.actor.optim.lr=0",
-        "trainer.total_training_steps=1",
+        "trainer.total_training_steps=2",
         "trainer.test_freq=1",
+        "sampled_val=ends",  # step 1: the exact metric alone; step 2 (the last): both
         f"actor_rollout_ref.rollout.val_kwargs.n={SAMPLES}",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
         "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         experiment="exact",
     )
     validated = [m for m in run.metrics if "val-exact/tiny_arith/acc/expected" in m]
-    assert len(validated) == 1, [sorted(k for k in m if k.startswith("val")) for m in run.metrics]
-    metrics = validated[0]
+    assert len(validated) == 2, [sorted(k for k in m if k.startswith("val")) for m in run.metrics]
+    between, metrics = validated
+    assert not any(k.startswith(("val-core/", "val-aux/")) for k in between)  # sampled only at the ends
     exact = metrics["val-exact/tiny_arith/acc/expected"]
+    assert between["val-exact/tiny_arith/acc/expected"] == pytest.approx(exact, rel=1e-5)  # lr 0: the same weights
     sampled = metrics[f"val-core/tiny_arith/acc/mean@{SAMPLES}"]
     per_question = _transformers_reference(tiny_assets, rows)
     reference = sum(per_question) / len(rows)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from verl_replay.data.tiny_arith import arith_problems, arith_rows
-from verl_replay.eval.sampling import sampling_is_plain
+from verl_replay.eval.sampling import sampled_validation_due, sampling_is_plain
 from verl_replay.integrations.verl import exact_eval
 from verl_replay.integrations.verl.exact_eval import (
     ExactAnswerEval,
@@ -184,3 +184,18 @@ def test_m_rope_questions_get_four_position_rows(val_file, tokenizer, tiny_asset
 def test_only_plain_sampling_has_an_exact_expected_accuracy(kwargs, named):
     why = sampling_is_plain(kwargs)
     assert (why is None) if named is None else (named in why)
+
+
+@pytest.mark.parametrize(
+    "mode, step, exact, due",
+    [
+        ("every", 10, True, True),
+        ("ends", 0, True, True),  # before training
+        ("ends", 10, True, False),  # between: the exact metric alone
+        ("ends", 60, True, True),  # the last step
+        ("ends", 61, True, True),
+        ("ends", 10, False, True),  # no exact metric: nothing else would measure step 10
+    ],
+)
+def test_sampled_validation_runs_at_the_ends_only_when_the_exact_metric_covers_the_rest(mode, step, exact, due):
+    assert sampled_validation_due(mode, step, 60, exact) is due

@@ -45,7 +45,7 @@ from verl.trainer.ppo.v1 import PPOTrainerSeparateAsync, PPOTrainerSync
 from verl.utils.debug.metrics import calculate_debug_metrics
 
 from verl_replay.config import ReplayConfig
-from verl_replay.eval.sampling import sampling_is_plain
+from verl_replay.eval.sampling import sampled_validation_due, sampling_is_plain
 from verl_replay.integrations.verl.actor_loss import AUDIT_ROUND_FIELD, AUDIT_STEP_FIELD, ReplayActorLoss
 from verl_replay.integrations.verl.console import DriftFloorWatch
 from verl_replay.integrations.verl.exact_eval import ExactAnswerEval, exact_questions, stop_token_ids
@@ -201,7 +201,11 @@ class ReplayTrainerMixin:
         return ExactAnswerEval(questions, position_rows)
 
     def _validate(self) -> dict[str, float]:
-        metrics = super()._validate()
+        # sampled_val=ends: verl's sampled validation before training and at the last step, the
+        # exact metric at every validation (a comparison reads the sampled metric only there)
+        mode = str(self.config.get("sampled_val", "every")).lower()
+        due = sampled_validation_due(mode, self.global_steps, self.total_training_steps, self._exact_eval is not None)
+        metrics = super()._validate() if due else {}
         if self._exact_eval is not None:
             start = time.perf_counter()
             scorer = PolicyScorer(
