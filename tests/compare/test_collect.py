@@ -8,6 +8,7 @@ import pytest
 
 from verl_replay.compare.collect import (
     RunResultError,
+    borrow_step0,
     collect_run,
     read_metrics,
     read_run_metrics,
@@ -125,6 +126,17 @@ def test_a_validation_with_only_the_exact_metric_is_a_point_without_sampled_valu
     ]
     assert r["post_exact"] == pytest.approx(0.4) and r["final_exact"] == 0.5
     assert r["final_mean"] == 0.4 and r["post_mean"] == 0.4 and r["val_n"] == 2
+
+
+def test_a_run_without_its_own_evaluation_before_training_borrows_its_seeds():
+    source = {"val_curve": [{"step": 0, "mean": 0.4, "exact": 0.42}, {"step": 10, "mean": 0.6}]}
+    result = {"val_curve": [{"step": 10, "mean": 0.5}, {"step": 20, "mean": 0.7}], "auc_mean": 0.6}
+    assert borrow_step0(result, source, "grpo_matched")
+    assert result["val_curve"][0] == {"step": 0, "mean": 0.4, "exact": 0.42, "shared_from": "grpo_matched"}
+    assert result["auc_mean"] == pytest.approx((0.4 + 0.5 + 0.7) / 3)
+    assert source["val_curve"][0] == {"step": 0, "mean": 0.4, "exact": 0.42}  # the source is left as it was
+    assert not borrow_step0(result, source, "grpo_matched")  # it has one now
+    assert not borrow_step0({"val_curve": [{"step": 10, "mean": 0.5}]}, {"val_curve": source["val_curve"][1:]}, "x")
 
 
 def test_naive_replay_has_no_replay_kl(tmp_path):

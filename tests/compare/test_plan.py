@@ -99,7 +99,10 @@ def test_arith_profile_runs_the_headroom_drift_comparison_on_the_addition_task(t
     assert {k: v for k, v in control.env.items() if k not in ("REWARD_CONTROL_RATE", "OUTPUT_DIR", "RUN_DIR")} == {
         k: v for k, v in by["grpo_matched"].env.items() if k not in ("OUTPUT_DIR", "RUN_DIR")
     }
-    assert control.argv[2:] == by["grpo_matched"].argv[2:]  # same seeds: same prompts, same sampler
+    def seeds_of(run):
+        return [arg for arg in run.argv[2:] if "val_before_train" not in arg]
+
+    assert seeds_of(control) == seeds_of(by["grpo_matched"])  # same seeds: same prompts, same sampler
     assert by["grpo_matched"].env["TRAIN_PROMPTS"] == "8" and by["grpo_larger"].env["TRAIN_PROMPTS"] == "12"
     assert by["naive"].env["K_REP"] == by["headroom_drift"].env["K_REP"] == "4"
     for run in plan.runs:
@@ -108,6 +111,10 @@ def test_arith_profile_runs_the_headroom_drift_comparison_on_the_addition_task(t
         assert run.env["GROUP_SIZE"] == "8" and run.env["PPO_MINI_PROMPTS"] == "4"
         # the exact metric carries the curve: verl samples only before training and at the end
         assert run.argv[-1] == "sampled_val=ends"
+        # one evaluation before training per seed, by its reference arm; the others report it
+        first = run.arm.name == "grpo_matched"
+        assert f"trainer.val_before_train={'true' if first else 'false'}" in run.argv
+        assert run.step0_from == (None if first else "grpo_matched")
     # the addition task has no SQL archive: the elite comparison is refused, naming what runs
     with pytest.raises(ValueError, match="arith profile has no task for elite; it runs headroom_drift"):
         _plan(tmp_path, profile=arith_profile())

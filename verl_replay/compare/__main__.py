@@ -195,7 +195,7 @@ def print_plan(plan: Plan) -> None:
 
 
 def collect_document(plan: Plan, records: dict[str, dict[str, Any]], wall_s: Optional[float]) -> dict[str, Any]:
-    from verl_replay.compare.collect import RunResultError, collect_run
+    from verl_replay.compare.collect import RunResultError, borrow_step0, collect_run
     from verl_replay.compare.report import SCHEMA_VERSION, aggregate
     from verl_replay.compare.runner import read_done
 
@@ -218,6 +218,11 @@ def collect_document(plan: Plan, records: dict[str, dict[str, Any]], wall_s: Opt
             result["wall_s"] = done["wall_s"]
             result["command"] = done["command"]
             runs.setdefault(spec.arm.name, {})[spec.seed] = result
+        for spec in plan.runs:  # the seed's one evaluation before training, where a run shares it
+            result = runs.get(spec.arm.name, {}).get(spec.seed)
+            source = runs.get(spec.step0_from or "", {}).get(spec.seed)
+            if spec.arm.comparison == comparison and result is not None and source is not None:
+                borrow_step0(result, source, spec.step0_from)
         arm_meta = [
             {"name": a.name, "label": a.label, "recipe": a.recipe, "fresh_prompts_per_step": a.fresh_prompts}
             for a in arms

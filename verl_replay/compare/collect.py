@@ -16,11 +16,19 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from verl_replay.compare.paired import curve_auc, post_training_mean
 
-__all__ = ["RunResultError", "read_metrics", "read_run_metrics", "val_curve", "collect_run", "time_split"]
+__all__ = [
+    "RunResultError",
+    "borrow_step0",
+    "collect_run",
+    "read_metrics",
+    "read_run_metrics",
+    "time_split",
+    "val_curve",
+]
 
 _MEAN = re.compile(r"^val-core/(?P<src>.+)/(?:acc|reward)/mean@(?P<n>\d+)$")
 _BEST = re.compile(r"^val-core/(?P<src>.+)/(?:acc|reward)/best@(?P<n>\d+)/mean$")
@@ -260,3 +268,16 @@ def collect_run(run_dir: Path, expected_steps: Optional[int] = None) -> dict[str
     result["eval"] = _eval_metrics(run_dir)
     result["model"] = starting_model(config)
     return result
+
+
+def borrow_step0(result: dict[str, Any], source: Mapping[str, Any], source_arm: str) -> bool:
+    """Give a run that did not evaluate before training the evaluation of its seed's ``source``
+    run (every arm of a seed starts from the same weights), marked ``shared_from``; the numbers
+    that read step 0 follow. False (nothing changed) when the run has its own or the source none."""
+    curve, source_curve = result.get("val_curve") or [], source.get("val_curve") or []
+    if not source_curve or int(source_curve[0]["step"]) != 0 or (curve and int(curve[0]["step"]) == 0):
+        return False
+    start = {**source_curve[0], "shared_from": source_arm}
+    result["val_curve"] = [start, *curve]
+    result["auc_mean"] = curve_auc(result["val_curve"], "mean")
+    return True

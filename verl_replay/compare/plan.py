@@ -103,6 +103,9 @@ class Profile:
     # the runs' sampled_val: every, or ends where the exact metric carries the curve (the report
     # reads sampled accuracy only before training and at the end)
     sampled_val: str = "every"
+    # one evaluation before training per seed, reported by every arm of the seed (the arms start
+    # from the same weights); off where a run's own step-0 draw is part of what it reports
+    share_step0: bool = False
 
 
 def tiny_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, val_n: Optional[int] = None) -> Profile:
@@ -162,6 +165,7 @@ def arith_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, 
         control_rate=0.43,
         target_effect=0.03,  # 3 points of held-out accuracy: the papers report 1-2
         sampled_val="ends",
+        share_step0=True,
     )
 
 
@@ -224,6 +228,9 @@ class RunSpec:
     log_path: Path
     env: dict[str, str]
     argv: list[str]
+    # the arm of this seed whose evaluation before training this run reports as its own (None:
+    # the run evaluates before training itself): every arm of a seed starts from the same weights
+    step0_from: Optional[str] = None
 
     @property
     def key(self) -> str:
@@ -411,7 +418,8 @@ def build_plan(
     def runs_at(arm: Arm, seed: int) -> bool:
         return other_seeds is None or (arm.comparison, arm.name) in main_arms or seed in other_seeds
 
-    runs = []
+    runs: list[RunSpec] = []
+    step0_arm: dict[tuple[str, int], str] = {}  # (comparison, seed) -> the arm that evaluates step 0
     for arm, seed in (
         (arm, seed)
         for comparison in COMPARISONS
@@ -426,8 +434,16 @@ def build_plan(
             "OUTPUT_DIR": str(run_dir.parent),
             "RUN_DIR": str(run_dir),
         }
-        # verl's validation at step 0 too (the curves' start)
-        overrides = [f"data.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}", "trainer.val_before_train=true"]
+        # the evaluation before training (the curves' start): once per seed, by the seed's first arm
+        # (the reference); the others report its values (every arm of a seed starts from the same
+        # weights), which saves one validation a run
+        source = step0_arm.setdefault((arm.comparison, seed), arm.name)
+        shared = profile.share_step0 and source != arm.name
+        overrides = [
+            f"data.seed={seed}",
+            f"actor_rollout_ref.rollout.seed={seed}",
+            f"trainer.val_before_train={'false' if shared else 'true'}",
+        ]
         if profile.sampled_val != "every":  # the exact metric carries the curve; sampled only where read
             overrides.append(f"sampled_val={profile.sampled_val}")
         if arm.comparison == "elite":
@@ -454,6 +470,7 @@ def build_plan(
                 out_dir / "logs" / f"{arm.comparison}-{arm.name}-seed{seed}.log",
                 env,
                 ["bash", str(recipes_dir / arm.recipe), *overrides],
+                step0_from=source if shared else None,
             )
         )
     return Plan(profile=profile, tau=tau, out_dir=out_dir, archive=archive, search=search, runs=runs)
