@@ -99,6 +99,7 @@ def test_arith_profile_runs_the_headroom_drift_comparison_on_the_addition_task(t
     assert {k: v for k, v in control.env.items() if k not in ("REWARD_CONTROL_RATE", "OUTPUT_DIR", "RUN_DIR")} == {
         k: v for k, v in by["grpo_matched"].env.items() if k not in ("OUTPUT_DIR", "RUN_DIR")
     }
+
     def seeds_of(run):
         return [arg for arg in run.argv[2:] if "val_before_train" not in arg]
 
@@ -111,6 +112,8 @@ def test_arith_profile_runs_the_headroom_drift_comparison_on_the_addition_task(t
         assert run.env["GROUP_SIZE"] == "8" and run.env["PPO_MINI_PROMPTS"] == "4"
         # the exact metric carries the curve: verl samples only before training and at the end
         assert run.argv[-1] == "sampled_val=ends"
+        # common random numbers: each request sampled from a seed of its own
+        assert "actor_rollout_ref.rollout.agent.default_agent_loop=seeded_single_turn_agent" in run.argv
         # one evaluation before training per seed, by its reference arm; the others report it
         first = run.arm.name == "grpo_matched"
         assert f"trainer.val_before_train={'true' if first else 'false'}" in run.argv

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from verl_replay.compare.contrasts import CONTRASTS
+from verl_replay.integrations.verl.seeded_rollout import SEEDED_AGENT_LOOP
 
 __all__ = [
     "COMPARISONS",
@@ -106,6 +107,9 @@ class Profile:
     # one evaluation before training per seed, reported by every arm of the seed (the arms start
     # from the same weights); off where a run's own step-0 draw is part of what it reports
     share_step0: bool = False
+    # common random numbers: every rollout request sampled from a seed of its own (the seeded
+    # agent loop), so the arms of a seed draw the same responses where their weights agree
+    seeded_rollout: bool = False
 
 
 def tiny_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, val_n: Optional[int] = None) -> Profile:
@@ -166,6 +170,7 @@ def arith_profile(steps: Optional[int] = None, test_freq: Optional[int] = None, 
         target_effect=0.03,  # 3 points of held-out accuracy: the papers report 1-2
         sampled_val="ends",
         share_step0=True,
+        seeded_rollout=True,
     )
 
 
@@ -195,6 +200,7 @@ def shapes_profile(
         comparisons=("elite",),
         elite_control=True,
         target_effect=0.2,  # distinct right query shapes per question
+        seeded_rollout=True,
     )
 
 
@@ -444,6 +450,8 @@ def build_plan(
             f"actor_rollout_ref.rollout.seed={seed}",
             f"trainer.val_before_train={'false' if shared else 'true'}",
         ]
+        if profile.seeded_rollout:
+            overrides.append(f"actor_rollout_ref.rollout.agent.default_agent_loop={SEEDED_AGENT_LOOP}")
         if profile.sampled_val != "every":  # the exact metric carries the curve; sampled only where read
             overrides.append(f"sampled_val={profile.sampled_val}")
         if arm.comparison == "elite":
