@@ -268,6 +268,18 @@ def test_time_split_counts_the_untimed_validation_before_training_at_the_mean_of
     assert r["time"] == {"steps_s": 16.0, "scan_s": 5.0, "validation_s": 15.0}
 
 
+def test_time_split_reads_every_validations_own_time_where_the_run_recorded_it(tmp_path):
+    """sampled_val=ends: the first validation samples (30 s), the ones between only score (2 s);
+    each reports timing_s/validation, so the first is not guessed from the others."""
+    lines = [
+        (0, {**_val(0.1, 0.2), "timing_s/validation": 30.0}),
+        (1, {"timing_s/step": 2.0, "timing_s/testing": 2.1, "timing_s/validation": 2.0, **_val(0.2, 0.3)}),
+        (2, {"timing_s/step": 3.0, "timing_s/testing": 31.0, "timing_s/validation": 30.5, **_val(0.3, 0.4)}),
+    ]
+    r = collect_run(_write_run(tmp_path, lines), expected_steps=2)
+    assert r["time"]["validation_s"] == 62.5
+
+
 def test_time_split_of_a_run_without_scan_or_timed_validation():
     metrics = [(0, _val(0.1, 0.2)), (1, {"timing_s/step": 2.0})]
     assert time_split(metrics, validations=1) == {"steps_s": 2.0, "scan_s": None, "validation_s": None}

@@ -146,15 +146,21 @@ def _series(metrics: list[tuple[int, dict[str, Any]]], key: str, *, where: Optio
 def time_split(metrics: list[tuple[int, dict[str, Any]]], validations: int) -> dict[str, Optional[float]]:
     """Where a run's time went, in seconds: its training steps (verl's ``timing_s/step``; the
     Headroom-Drift scan inside them, ``replay/scan_forward_seconds``) and its ``validations``
-    validations. verl times the validations between steps (``timing_s/testing``) but not the one
-    before training, which is counted at their mean. None where the run recorded no such time."""
+    validations. verl_replay times every validation, the one before training too
+    (``timing_s/validation``); a run written before that has only verl's ``timing_s/testing`` of
+    the validations between steps, and its first is counted at their mean. None where the run
+    recorded no such time."""
 
     def total(key: str) -> Optional[float]:
         values = [float(data[key]) for _, data in metrics if key in data]
         return sum(values) if values else None
 
+    own = [float(data["timing_s/validation"]) for _, data in metrics if "timing_s/validation" in data]
     timed = [float(data["timing_s/testing"]) for _, data in metrics if "timing_s/testing" in data]
-    validation = sum(timed) / len(timed) * validations if timed else None
+    if own and len(own) >= validations:
+        validation: Optional[float] = sum(own)
+    else:
+        validation = sum(timed) / len(timed) * validations if timed else None
     return {
         "steps_s": total("timing_s/step"),
         "scan_s": total("replay/scan_forward_seconds"),

@@ -203,6 +203,7 @@ class ReplayTrainerMixin:
     def _validate(self) -> dict[str, float]:
         # sampled_val=ends: verl's sampled validation before training and at the last step, the
         # exact metric at every validation (a comparison reads the sampled metric only there)
+        began = time.perf_counter()
         mode = str(self.config.get("sampled_val", "every")).lower()
         due = sampled_validation_due(mode, self.global_steps, self.total_training_steps, self._exact_eval is not None)
         metrics = super()._validate() if due else {}
@@ -215,6 +216,8 @@ class ReplayTrainerMixin:
             )
             metrics.update(self._exact_eval.metrics(scorer))
             metrics["timing_s/exact_eval"] = time.perf_counter() - start
+        # verl times the validations between steps (timing_s/testing) but not the one before training
+        metrics["timing_s/validation"] = time.perf_counter() - began
         return metrics
 
     def _init_resource_pool_mgr(self) -> None:
