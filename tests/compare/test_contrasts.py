@@ -133,3 +133,15 @@ def test_an_arm_split_into_collapsed_and_learning_seeds_is_reported_as_counts():
     assert "- grpo_matched: bimodal, 1 of 3 seeds collapsed (seeds 2); no interval" in table
     assert "| see counts | bimodal: 0 of 3" in table
     assert "- grpo_control: bimodal" not in table and "- grpo_control: -28.0 [" in table  # all collapsed: one mode
+
+
+def test_seeds_sized_from_two_seeds_say_the_sd_is_unreliable():
+    from verl_replay.compare.report import format_table
+
+    arms = [{"name": n, "label": n} for n in ("grpo_matched", "headroom_drift")]
+    runs = {
+        "grpo_matched": {s: _result(0.40 + 0.01 * s) for s in (1, 2)},
+        "headroom_drift": {s: _result(0.43 + 0.011 * s) for s in (1, 2)},
+    }
+    table = format_table(aggregate("headroom_drift", arms, runs, target_effect=0.03))
+    assert "from an SD of 2 seeds: unreliable)" in table

@@ -316,6 +316,8 @@ def format_contrasts(comp: Mapping[str, Any]) -> list[str]:
         mde = "–" if c.get("mde") is None else format(scale * c["mde"], spec)
         needed = c.get("seeds_for_target")
         seeds = f"{c['n']} (needs {needed})" if needed is not None else str(c["n"])
+        if needed is not None and c["n"] < 3:  # an SD from one degree of freedom sizes nothing
+            seeds = f"{c['n']} (needs {needed}, from an SD of {c['n']} seeds: unreliable)"
         # a bimodal contrast is read from its counts of collapsed seeds (in the verdict)
         difference = "see counts" if c.get("bimodal") else _fmt_paired(c, kind).rsplit(" (", 1)[0]
         cells = [name, "yes" if c["main"] else "", difference, c["verdict"], mde, seeds]
