@@ -175,3 +175,25 @@ def test_cost_table_means_per_arm_and_totals_over_every_run(tmp_path):
     assert "## Where the time went" in write_outputs(tmp_path, doc)["table"].read_text()
     untimed = aggregate("headroom_drift", ARMS, {"grpo_matched": {1: _result(0.2, 0.3, [0.1, 0.2])}})
     assert format_cost([untimed]) == ""
+
+
+def test_a_comparison_sampled_only_at_the_ends_is_plotted_at_every_exact_evaluation(tmp_path):
+    """sampled_val=ends: the exact metric at steps 0-4, verl's sampled one at 0 and 4; the plot's
+    ticks and curves follow the exact points."""
+    from verl_replay.compare.report import _eval_steps, plot_curves
+
+    def run(exact):
+        curve = [{"step": 0, "mean": 0.4, "best": 0.5, "n": 2, "exact": 0.42}]
+        curve += [{"step": 2, "mean": None, "best": None, "n": None, "exact": exact[0]}]
+        curve += [{"step": 4, "mean": 0.6, "best": 0.7, "n": 2, "exact": exact[1]}]
+        return {**_result(0.6, 0.7, [0.4, 0.6]), "val_curve": curve, "post_exact": sum(exact) / 2}
+
+    runs = {
+        "grpo_matched": {1: run([0.5, 0.6]), 2: run([0.52, 0.61])},
+        "headroom_drift": {1: run([0.55, 0.62]), 2: run([0.56, 0.64])},
+    }
+    comp = aggregate("headroom_drift", ARMS, runs)
+    assert comp["primary_metric"]["key"] == "post_exact"
+    assert [p["step"] for p in comp["arms"][0]["curve_exact"]] == [0, 2, 4] and _eval_steps(comp) == [0, 2, 4]
+    png = plot_curves([comp], tmp_path / "curves.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -580,7 +580,9 @@ def _draw_strategies(ax: Any, comp: Mapping[str, Any]) -> bool:
 
 
 def _eval_steps(comp: Mapping[str, Any]) -> list[int]:
-    return sorted({int(p["step"]) for arm in comp["arms"] for p in arm.get("curve_mean", [])})
+    """Every step some arm evaluated at, sampled or exact (``sampled_val=ends`` samples at two)."""
+    curves = ("curve_mean", "curve_exact")
+    return sorted({int(p["step"]) for arm in comp["arms"] for key in curves for p in arm.get(key, [])})
 
 
 def plot_curves(comparisons: Sequence[Mapping[str, Any]], path: Path) -> Path:
