@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import multiprocessing
 import os
 import pickle
@@ -307,6 +308,9 @@ def failing_starts(pool: VerifierPool, failures: float) -> list[int]:
 
 
 def test_a_worker_start_that_raises_is_retried(caplog: pytest.LogCaptureFixture) -> None:
+    # the pool's own level: an import elsewhere in this process may have raised the root logger's
+    # (importing vLLM's server module sets it to ERROR)
+    caplog.set_level(logging.WARNING, logger="verl_replay.verifiers.pool")
     with VerifierPool(num_workers=1, task_timeout_s=10) as pool:
         assert pool.wait_ready(STARVED_SCHEDULER_S)
         raised = failing_starts(pool, 2)
